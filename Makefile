@@ -1,0 +1,56 @@
+# The README's commands. `make report` and `make test` do all the set-up a fresh machine
+# needs: a virtual environment with pinned dependencies, and LaTeX if it is missing.
+VENV ?= .venv
+PYTHON ?= python3
+CORES ?= all
+BIN := $(abspath $(VENV))/bin
+# The local data mirror: ../shared/data when it exists (machines without the HF hub).
+SEQMIX_DATA_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
+export SEQMIX_DATA_MIRROR
+export PATH := $(BIN):$(PATH)
+LATEX_PACKAGES := latexmk texlive-latex-base texlive-latex-recommended texlive-latex-extra \
+	texlive-fonts-recommended lmodern poppler-utils
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install latex report paper test test-all lint clean help
+
+help:
+	@echo "make report   build paper/report.pdf with the quick profile (CPU, ~30 min)"
+	@echo "make paper    build it with config/paper.yaml (GPU)"
+	@echo "make test     run the test suite"
+	@echo "make lint     ruff check"
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+latex:
+	@if command -v latexmk >/dev/null && command -v pdflatex >/dev/null && kpsewhich booktabs.sty lmodern.sty >/dev/null; then \
+		echo "LaTeX: found $$(command -v latexmk)"; \
+	else \
+		echo "LaTeX: installing $(LATEX_PACKAGES)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(LATEX_PACKAGES); \
+	fi
+
+report: install latex
+	snakemake --profile workflow/profiles/default --cores $(CORES)
+
+paper: install latex
+	snakemake --profile workflow/profiles/default --cores $(CORES) --configfile config/paper.yaml
+
+test: install latex
+	python -m pytest
+
+test-all: install latex
+	python -m pytest -m ""
+
+lint: install
+	ruff check src kernels tests notebooks
+
+clean:
+	rm -rf results/runs results/analysis results/summary results/notebooks results/logs paper/figures paper/tables paper/report.pdf

@@ -1,0 +1,3 @@
+from seqmix.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Analyses: cost vs sequence length, Su's attention sparsity, Grassmann geometry."""

@@ -1,0 +1,182 @@
+"""`python -m seqmix <command>`: the one command line every Snakemake rule calls.
+
+Each command takes ``--config`` (a YAML file, or the JSON the Snakefile passes), validates
+it against the schema, and writes files; nothing here holds results in memory between
+commands. Run ``python -m seqmix <command> --help`` for each command's options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+from seqmix.config import ConfigError, data_spec, load_config, run_dir, run_spec, runs
+
+DEFAULT_CONFIG = "config/config.yaml"
+
+
+def _write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+
+
+def cmd_data(args) -> int:
+    from seqmix.data.prepare import prepare
+
+    spec = json.loads(args.spec) if args.spec else data_spec(load_config(args.config), args.task)
+    info = prepare(args.task, spec)
+    print(json.dumps({k: v for k, v in info.items() if k != "files"}, indent=2))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from seqmix.train.loop import train
+
+    if args.spec:
+        spec = json.loads(args.spec)
+    else:
+        if args.task is None or args.arch is None:
+            raise ConfigError("train needs --task and --arch (or --spec)")
+        spec = run_spec(load_config(args.config), args.task, args.arch, args.seed)
+    metrics = train(spec, progress=not args.quiet)
+    print(json.dumps({k: metrics[k] for k in ("status", "params", "steps_completed", "best_eval")}, default=str))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from seqmix.train.evaluate import evaluate_run
+
+    out = evaluate_run(args.run, device=args.device)
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def cmd_runs(args) -> int:
+    cfg = load_config(args.config)
+    for task, arch, seed in runs(cfg):
+        print(run_dir(cfg, task, arch, seed))
+    return 0
+
+
+def cmd_collect(args) -> int:
+    from seqmix.report.collect import collect
+
+    cfg = load_config(args.config)
+    dirs = [run_dir(cfg, t, a, s) for t, a, s in runs(cfg)]
+    n = collect(dirs, Path(args.out))
+    print(f"wrote {n} runs to {args.out}")
+    return 0
+
+
+def cmd_complexity(args) -> int:
+    import torch
+
+    from seqmix.analysis.complexity import FIELDS, fit_table, run_complexity
+    from seqmix.train.loop import resolve_device
+
+    cfg = load_config(args.config)
+    ccfg = cfg["analysis"]["complexity"]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(ccfg["device"])
+    archs = args.arch or cfg["architectures"]
+    rows = run_complexity(archs, ccfg, device, cfg.get("mixers", {}), progress=not args.quiet)
+    _write_csv(Path(args.out), rows, FIELDS)
+    fits = fit_table(rows)
+    fit_out = Path(args.fit_out or Path(args.out).with_name(Path(args.out).stem + "_fit.csv"))
+    _write_csv(fit_out, fits, ["arch", "device", "measure", "min_len", "max_len", "slope",
+                               "ci_low", "ci_high", "points", "r2"])
+    print(f"wrote {len(rows)} rows to {args.out} and {len(fits)} fits to {fit_out}")
+    return 0
+
+
+def cmd_sparsity(args) -> int:
+    import torch
+
+    from seqmix.analysis.sparsity import FIELDS, measured_sparsity
+
+    cfg = load_config(args.config)
+    scfg = cfg["analysis"]["sparsity"]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = []
+    for task, arch, seed in runs(cfg):
+        if task != scfg["task"]:
+            continue
+        d = run_dir(cfg, task, arch, seed)
+        metrics = json.loads((d / "metrics.json").read_text())
+        if metrics["status"] != "ok":
+            continue
+        rows.extend(measured_sparsity(d, scfg["split"], scfg["num_sequences"]))
+    _write_csv(Path(args.out), rows, FIELDS)
+    print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m seqmix", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name, func, help_):
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config file, or a JSON object")
+        sp.set_defaults(func=func)
+        return sp
+
+    from seqmix.data.prepare import DATA_TASKS
+
+    sp = add("data", cmd_data, "prepare one task's data (tokenizer, wikitext2, snli, mqar)")
+    sp.add_argument("task", choices=DATA_TASKS)
+    sp.add_argument("--spec", help="a data spec as JSON (what the Snakefile passes)")
+
+    sp = add("train", cmd_train, "train one (task, architecture, seed); resumes from its checkpoint")
+    sp.add_argument("--task")
+    sp.add_argument("--arch")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--spec", help="a complete run spec as JSON (what the Snakefile passes)")
+    sp.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    sp = add("eval", cmd_eval, "score a finished run on its evaluation and test splits (eval.json)")
+    sp.add_argument("--run", required=True, help="run directory, results/runs/<task>/<arch>/seed<k>")
+    sp.add_argument("--device", default="auto")
+
+    add("runs", cmd_runs, "list the run directories the config trains")
+
+    sp = add("collect", cmd_collect, "gather every run's metrics into one CSV")
+    sp.add_argument("--out", default="results/summary/runs.csv")
+
+    sp = add("complexity", cmd_complexity, "time and peak memory of each mixer vs sequence length")
+    sp.add_argument("--out", default="results/analysis/complexity.csv")
+    sp.add_argument("--fit-out", default=None)
+    sp.add_argument("--arch", action="append", help="measure only this architecture (repeatable)")
+    sp.add_argument("--threads", type=int, default=None)
+    sp.add_argument("--quiet", action="store_true")
+
+    sp = add("sparsity", cmd_sparsity, "Su's sparsity of trained models' attention rows")
+    sp.add_argument("--out", default="results/analysis/sparsity.csv")
+    sp.add_argument("--threads", type=int, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        from seqmix.data.manifest import DataError
+
+        if isinstance(e, DataError):
+            print(f"error: {e}", file=sys.stderr)
+            return 3
+        raise

@@ -1,0 +1,63 @@
+"""Manifests: every prepared data file with its sha256 and counts, checked before use."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+
+
+class DataError(RuntimeError):
+    """Missing or corrupted data; the message names the file and the fix."""
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_sha256(path: str | Path, expected: str, fix: str) -> None:
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"data file {path} is missing (expected sha256 {expected}); {fix}")
+    got = sha256_file(path)
+    if got != expected:
+        raise DataError(
+            f"data file {path} has sha256 {got}, expected {expected}: it is corrupted or not "
+            f"the file this pipeline was built for; {fix}"
+        )
+
+
+def write_manifest(directory: str | Path, files: dict[str, dict[str, Any]], info: dict[str, Any]) -> Path:
+    """Write ``directory/manifest.json`` with sha256 and byte size of every file plus ``info``."""
+    directory = Path(directory)
+    entries = {}
+    for name, counts in files.items():
+        p = directory / name
+        entries[name] = {"sha256": sha256_file(p), "bytes": p.stat().st_size, **counts}
+    manifest = {**info, "files": entries}
+    out = directory / MANIFEST
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    tmp.replace(out)
+    return out
+
+
+def read_manifest(directory: str | Path, task: str, verify: bool = True) -> dict[str, Any]:
+    """Read a task's manifest and (by default) check every file against its sha256."""
+    directory = Path(directory)
+    fix = f"rerun `python -m seqmix data {task}` (or delete {directory} and rerun the DAG)"
+    path = directory / MANIFEST
+    if not path.exists():
+        raise DataError(f"{path} is missing: the {task} data has not been prepared; {fix}")
+    manifest = json.loads(path.read_text())
+    if verify:
+        for name, entry in manifest["files"].items():
+            check_sha256(directory / name, entry["sha256"], fix)
+    return manifest

@@ -1,0 +1,109 @@
+"""Where raw data comes from: the Hugging Face hub, or a local mirror directory with the
+layout of shared/data (see its README). Mirror files are checked against the published
+sha256 of the official releases before anything is read from them."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from seqmix.config import MIRROR_ENV
+from seqmix.data.manifest import DataError, check_sha256
+
+
+@dataclasses.dataclass(frozen=True)
+class RawFile:
+    paths: tuple[str, ...]  # accepted names inside the mirror, first match wins
+    sha256: str | None  # None: no published digest to check against
+    description: str
+    complete: bool  # is this the whole official split?
+
+
+RAW_FILES: dict[tuple[str, str], RawFile] = {
+    ("wikitext2", "train"): RawFile(
+        ("wikitext-2-raw/train.txt", "wikitext-2-raw/wiki.train.raw"),
+        "6707892fa3788b5ab9ed78ab5ff37d9fe825f6011a2ad4fcd6a6d467f0e7da57",
+        "WikiText-2 raw train (complete, 36,718 lines)", True),
+    ("wikitext2", "validation"): RawFile(
+        ("wikitext-2-raw/valid.txt", "wikitext-2-raw/wiki.valid.raw"),
+        "4cd0f6876d07a413aa911261ff6d363c72d757d47f0fdd6015702014c89cb9c7",
+        "WikiText-2 raw validation (complete, 3,760 lines)", True),
+    ("wikitext2", "test"): RawFile(
+        ("wikitext-2-raw/test.txt", "wikitext-2-raw/wiki.test.raw"),
+        "173c87a53759e0201f33e0ccf978e510c2042d7f2cb78229d9a50d79b9e7dd08",
+        "WikiText-2 raw test (complete, 4,358 lines)", True),
+    ("snli", "validation"): RawFile(
+        ("snli/dev.jsonl.gz",),
+        "2242fdc31af5f563aec0f2e5c1dc21e0eaf56d017c40d2407150db1cdec51755",
+        "SNLI 1.0 dev (complete, 10,000 pairs)", True),
+    ("snli", "test"): RawFile(
+        ("snli/test.jsonl.gz",),
+        "ceff9192c4ca31c986fa23e5f77a794c29dce2356e55b36fd106d767f34f746a",
+        "SNLI 1.0 test (complete, 10,000 pairs)", True),
+    ("snli", "train"): RawFile(
+        ("snli/train.jsonl.gz",), None,
+        "SNLI 1.0 train (complete, 550,152 pairs)", True),
+    ("snli", "train_sample_1pct"): RawFile(
+        ("snli/train_sample_1pct.jsonl.gz",),
+        "12e0f970f5b56a4cdc13d4142d48d69411d38d1849b2045560bd7b80716a9512",
+        "SNLI 1.0 train, 1% uniform random sample (5,502 of 550,152 pairs)", False),
+    ("snli", "train_head_1024"): RawFile(
+        ("snli/train_head_1024.jsonl.gz",),
+        "7faf7aa3e6d51a0469ae8d9f38535f3f7d6708c9e4d488a2c169817cf9cd0264",
+        "SNLI 1.0 train, first 1,024 lines (not a representative sample)", False),
+}
+
+HUB_NAMES = {"wikitext2": ("Salesforce/wikitext", "wikitext-2-raw-v1"), "snli": ("stanfordnlp/snli", None)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    kind: str  # "mirror" | "hub"
+    mirror: Path | None
+
+    def describe(self) -> str:
+        return f"local mirror {self.mirror}" if self.kind == "mirror" else "Hugging Face hub"
+
+
+def resolve_source(data_cfg: dict) -> Source:
+    """The configured source: ``data.mirror`` (or $SEQMIX_DATA_MIRROR) or the hub."""
+    mirror = data_cfg.get("mirror") or os.environ.get(MIRROR_ENV) or None
+    source = data_cfg.get("source", "auto")
+    if source == "hub" or (source == "auto" and not mirror):
+        return Source("hub", None)
+    if not mirror:
+        raise DataError(
+            "config key 'data.source' is 'mirror' but no mirror is set: set 'data.mirror' in "
+            f"the config or the environment variable {MIRROR_ENV} to a directory with the "
+            "layout of shared/data"
+        )
+    path = Path(mirror).expanduser().resolve()
+    if not path.is_dir():
+        raise DataError(
+            f"data mirror {path} (from 'data.mirror' or {MIRROR_ENV}) is not a directory; "
+            "point it at a copy of shared/data"
+        )
+    return Source("mirror", path)
+
+
+def mirror_file(source: Source, task: str, split: str, verify: bool = True) -> Path:
+    """Path of one raw file in the mirror, checked against its published sha256."""
+    raw = RAW_FILES[(task, split)]
+    assert source.mirror is not None
+    for rel in raw.paths:
+        p = source.mirror / rel
+        if p.exists():
+            if verify and raw.sha256:
+                check_sha256(
+                    p, raw.sha256,
+                    "restore the official file (shared/data/SHA256SUMS lists every digest) or "
+                    f"point {MIRROR_ENV} at a good copy",
+                )
+            return p
+    names = " or ".join(str(source.mirror / r) for r in raw.paths)
+    hint = ""
+    if (task, split) == ("snli", "train"):
+        hint = (" The shared mirror has only ~1.2% of SNLI train: set "
+                "'tasks.snli.train_file: train_sample_1pct' to train on its 1% sample.")
+    raise DataError(f"data file {names} is missing from the mirror ({raw.description}).{hint}")

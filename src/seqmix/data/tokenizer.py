@@ -1,0 +1,91 @@
+"""The tokenizer of the Grassmann paper (REFERENCE.md §1.5): a BERT-style WordPiece
+vocabulary of ~30,522. Online: bert-base-uncased's own. Offline: one of the configured
+size trained with Hugging Face `tokenizers` on the WikiText-2 training split, with the
+same normalisation (lower-case, accent stripping) and special tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from seqmix.data.manifest import DataError, read_manifest, sha256_file, write_manifest
+from seqmix.data.sources import Source, resolve_source
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def train_wordpiece(lines, vocab_size: int) -> Tokenizer:
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False
+    )
+    tok.train_from_iterator(lines, trainer=trainer)
+    return tok
+
+
+def prepare_tokenizer(spec: dict, out_dir: str | Path) -> dict:
+    """Build the tokenizer described by ``spec['tokenizer']`` into ``out_dir``."""
+    from seqmix.data.wikitext import load_wikitext2  # the training text
+
+    tcfg = spec["tokenizer"]
+    source = resolve_source(spec["data"])
+    kind = tcfg["kind"]
+    if kind == "auto":
+        kind = "pretrained" if source.kind == "hub" else "trained"
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if kind == "pretrained":
+        try:
+            tok = Tokenizer.from_pretrained(tcfg["pretrained_name"])
+        except Exception as e:  # the hub is unreachable or the name is wrong
+            raise DataError(
+                f"could not download tokenizer {tcfg['pretrained_name']!r} from the Hugging Face "
+                f"hub ({type(e).__name__}: {e}); set 'tokenizer.kind: trained' (or use a data "
+                "mirror) to train a WordPiece vocabulary locally"
+            ) from e
+        description = f"{tcfg['pretrained_name']} WordPiece (pretrained, from the hub)"
+    else:
+        split = tcfg["train_split"]
+        texts = load_wikitext2(source, [split])[split]["text"]
+        tok = train_wordpiece((t for t in texts if t.strip()), tcfg["vocab_size"])
+        description = (
+            f"WordPiece, vocabulary {tok.get_vocab_size():,}, trained with HF tokenizers on the "
+            f"WikiText-2 {split} split (bert-base-uncased was not reachable)"
+        )
+    tok.save(str(out_dir / TOKENIZER_FILE))
+    info = {
+        "task": "tokenizer",
+        "kind": kind,
+        "description": description,
+        "vocab_size": tok.get_vocab_size(),
+        "source": source.describe(),
+        "specials": {s: tok.token_to_id(s) for s in SPECIALS},
+    }
+    write_manifest(out_dir, {TOKENIZER_FILE: {"vocab_size": tok.get_vocab_size()}}, info)
+    return info
+
+
+def load_tokenizer(directory: str | Path) -> tuple[Tokenizer, dict]:
+    directory = Path(directory)
+    info = read_manifest(directory, "tokenizer")
+    return Tokenizer.from_file(str(directory / TOKENIZER_FILE)), info
+
+
+def tokenizer_record(directory: str | Path) -> dict:
+    """What a run records about its tokenizer."""
+    m = json.loads((Path(directory) / "manifest.json").read_text())
+    return {
+        "kind": m["kind"],
+        "description": m["description"],
+        "vocab_size": m["vocab_size"],
+        "sha256": sha256_file(Path(directory) / TOKENIZER_FILE),
+    }
+
+
+__all__ = ["Source", "load_tokenizer", "prepare_tokenizer", "tokenizer_record", "train_wordpiece"]

@@ -1,0 +1,109 @@
+"""What every mixer module shares: the base class and its optional capabilities.
+
+A mixer module reads like nanoGPT's model.py: an ``Options`` dataclass, the module, its
+plain forward (the reference, written for clarity), and where the architecture has one,
+its ``step`` (recurrent form) and ``scores`` (explicit attention matrix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+
+class MixerOptionsError(ValueError):
+    """Unknown or invalid options for a mixer."""
+
+
+@dataclasses.dataclass
+class NoOptions:
+    pass
+
+
+class Mixer(nn.Module):
+    """Base class. Subclasses set ``Options`` and implement ``forward``.
+
+    Optional capabilities (tests and analyses discover them with ``hasattr``-style checks
+    on the class flags below):
+
+    - ``scores(x) -> (B, H, L, L)``: non-negative, unnormalised attention scores, for
+      mixers with an explicit or kernelised score matrix (``has_scores = True``).
+    - ``init_state(batch, device, dtype)`` and ``step(x_t, state) -> (y_t, state)``: the
+      recurrent form, one token at a time (``has_step = True``); a test holds it equal to
+      ``forward``.
+    - ``flops(seq_len) -> float``: theoretical forward FLOPs for one sequence.
+    """
+
+    Options: ClassVar[type] = NoOptions
+    supports_causal: ClassVar[bool] = True
+    supports_noncausal: ClassVar[bool] = True
+    has_scores: ClassVar[bool] = False
+    has_step: ClassVar[bool] = False
+    # The Grassmann layer blends its input into its output itself (a gate, not a residual);
+    # the block then skips its own residual around the mixer (REFERENCE.md §1.2 step 5).
+    residual_in_mixer: ClassVar[bool] = False
+    # A mixer that replaces the block's feed-forward (CRATE's ISTA) names a module class
+    # taking (d_model, d_ff, dropout); None keeps the block's GELU MLP.
+    feedforward: ClassVar[Any] = None
+
+    def __init__(self, d_model: int, options: Any, *, causal: bool = True, max_len: int | None = None):
+        super().__init__()
+        self.d_model = d_model
+        self.options = options
+        self.causal = causal
+        self.max_len = max_len
+
+    @classmethod
+    def options_for_layer(cls, options: dict[str, Any], layer_index: int) -> dict[str, Any]:
+        """Per-layer options (default: every layer gets the same)."""
+        return options
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of parameters (relative to this module) that AdamW should not decay."""
+        return set()
+
+    def flops(self, seq_len: int) -> float:
+        raise NotImplementedError(f"{type(self).__name__} does not state its FLOP count")
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no explicit score matrix")
+
+    def init_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no recurrent form")
+
+    def step(self, x_t: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError(f"{type(self).__name__} has no recurrent form")
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, causal={self.causal}, options={self.options}"
+
+
+def linear_flops(tokens: int, d_in: int, d_out: int) -> float:
+    """Multiply-adds of a dense layer counted as 2 FLOPs each."""
+    return 2.0 * tokens * d_in * d_out
+
+
+# Kernel dispatch. Mixers with a Triton kernel in seqmix.kernels use it for CUDA tensors
+# unless the reference is forced (config `train.reference_mixers`, or
+# SEQMIX_REFERENCE_MIXERS=1), so that every fast path can be checked against its spec.
+_FORCE_REFERENCE = os.environ.get("SEQMIX_REFERENCE_MIXERS", "0") == "1"
+
+
+def force_reference(flag: bool = True) -> None:
+    global _FORCE_REFERENCE
+    _FORCE_REFERENCE = flag
+
+
+def use_kernel(x: torch.Tensor) -> bool:
+    """True when ``x`` lives on a GPU, Triton imports and the reference is not forced."""
+    if _FORCE_REFERENCE or not x.is_cuda:
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,185 @@
+"""Causal Grassmann mixing ("Attention Is Not What You Need", REFERENCE.md §1.2-1.5).
+
+Each token is reduced to z_t ∈ R^r, paired with earlier tokens at a few offsets Δ, and the
+2-plane span(z_t, z_{t-Δ}) is encoded by its Plücker coordinates p_ij = a_i b_j - a_j b_i
+(i < j, r(r-1)/2 numbers). Their projection g_t is gated back into the stream:
+
+    z_t   = W_red h_t + b_red                                    (§1.2 step 1)
+    p̂_t^Δ = p(z_t, z_{t-Δ}) / max(‖p‖, ε),   Δ ∈ W_t = {Δ : t-Δ ≥ 0}   (§1.3, causal form)
+    g_t   = W_plü · mean_{Δ∈W_t} p̂_t^Δ + b_plü      (0 when W_t is empty)
+    α_t   = σ(W_gate [h_t; g_t] + b_gate)
+    out_t = W_out (α_t ⊙ h_t + (1-α_t) ⊙ g_t) + b_out            (W_out optional, see below)
+
+Three decisions REFERENCE.md leaves to us, all recorded in Options:
+- pairing t with t-Δ (the paper's text pairs with t+Δ, which leaks the next token);
+- ``schedule``: "all" = every layer averages all offsets (the 6-layer reading), "per_layer"
+  = layer ℓ uses only offsets[ℓ] (a reading of the 12-layer list);
+- ``out_proj``: one extra Linear(d, d) after the blend, which reproduces the paper's
+  13.00M (6 layers) and 18.16M (12 layers) parameter counts exactly.
+
+Because W_plü is shared across offsets and linear, the mean of the projections equals the
+projection of the mean; the reference averages in Plücker space and projects once.
+The block around this mixer is the paper's post-LN one: ĥ = Dropout(LN(out)), no residual
+(the gate is the residual), then the FFN with its own residual and LN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seqmix.mixers.base import Mixer, linear_flops, use_kernel
+
+
+@dataclasses.dataclass
+class GrassmannOptions:
+    rank: int = 32
+    offsets: tuple[int, ...] = (1, 2, 4, 8, 12, 16)
+    schedule: str = "all"  # "all" | "per_layer"
+    out_proj: bool = True
+    normalize: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        self.offsets = tuple(int(o) for o in self.offsets)
+        if self.schedule not in ("all", "per_layer"):
+            raise ValueError(f"grassmann schedule must be 'all' or 'per_layer', got {self.schedule!r}")
+        if not self.offsets or min(self.offsets) < 1:
+            raise ValueError(f"grassmann offsets must be positive integers, got {self.offsets}")
+        if self.rank < 2:
+            raise ValueError(f"grassmann rank must be at least 2, got {self.rank}")
+
+
+def pair_indices(r: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(i, j) with i < j in row-major order: the r(r-1)/2 Plücker coordinate indices."""
+    iu = torch.triu_indices(r, r, offset=1, device=device)
+    return iu[0], iu[1]
+
+
+def plucker(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Plücker coordinates of span(a, b): p_ij = a_i b_j - a_j b_i for i < j.
+
+    a, b: (..., r) -> (..., r(r-1)/2), ordered as ``pair_indices(r)``.
+    """
+    i, j = pair_indices(a.shape[-1], device=a.device)
+    return a[..., i] * b[..., j] - a[..., j] * b[..., i]
+
+
+def grassmann_mix_reference(
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    offsets: tuple[int, ...],
+    normalize: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """g from reduced states: the specification the fused Triton kernel must equal.
+
+    z: (B, L, r); weight: (d, r(r-1)/2); offsets are signed: position t is paired with
+    t - Δ (Δ > 0 looks back; Δ < 0 looks ahead, used only by the non-causal variant).
+    Returns g: (B, L, d), zero where no offset is valid.
+    """
+    B, L, r = z.shape
+    C = r * (r - 1) // 2
+    p_sum = z.new_zeros(B, L, C)
+    count = z.new_zeros(L)
+    for delta in offsets:
+        if abs(delta) >= L:
+            continue
+        if delta > 0:  # positions t = Δ..L-1 pair with t - Δ
+            p = plucker(z[:, delta:], z[:, :-delta])
+            pad = (0, 0, delta, 0)
+        else:  # positions t = 0..L-1-|Δ| pair with t + |Δ|
+            p = plucker(z[:, :delta], z[:, -delta:])
+            pad = (0, 0, 0, -delta)
+        if normalize:
+            p = p / p.norm(dim=-1, keepdim=True).clamp_min(eps)
+        p_sum = p_sum + F.pad(p, pad)
+        count = count + F.pad(torch.ones_like(p[0, :, 0]), pad[2:])
+    g = F.linear(p_sum / count.clamp_min(1)[:, None], weight, bias)
+    return g * (count > 0).to(g.dtype)[:, None]
+
+
+class CausalGrassmann(Mixer):
+    Options = GrassmannOptions
+    has_step = True
+    residual_in_mixer = True
+
+    def __init__(self, d_model: int, options: GrassmannOptions, *, causal=True, max_len=None):
+        super().__init__(d_model, options, causal=causal, max_len=max_len)
+        r = options.rank
+        self.reduce = nn.Linear(d_model, r)  # W_red, b_red
+        self.plucker_proj = nn.Linear(r * (r - 1) // 2, d_model)  # W_plü, shared across Δ
+        self.gate = nn.Linear(2 * d_model, d_model)  # W_gate on [h; g]
+        self.out = nn.Linear(d_model, d_model) if options.out_proj else nn.Identity()
+
+    @classmethod
+    def options_for_layer(cls, options, layer_index):
+        if options.get("schedule", "all") != "per_layer":
+            return options
+        offsets = tuple(options.get("offsets", GrassmannOptions.offsets))
+        return {**options, "offsets": (offsets[layer_index % len(offsets)],)}
+
+    def signed_offsets(self) -> tuple[int, ...]:
+        o = self.options.offsets
+        return o if self.causal else o + tuple(-d for d in o)
+
+    def mix(self, z: torch.Tensor) -> torch.Tensor:
+        """g from z, through the fused kernel on GPU (causal only) or the reference."""
+        o = self.options
+        if self.causal and use_kernel(z):
+            from seqmix.kernels.grassmann import grassmann_mix
+
+            return grassmann_mix(
+                z, self.plucker_proj.weight, self.plucker_proj.bias, o.offsets, o.normalize, o.eps
+            )
+        return grassmann_mix_reference(
+            z, self.plucker_proj.weight, self.plucker_proj.bias, self.signed_offsets(),
+            o.normalize, o.eps,
+        )
+
+    def blend(self, h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        alpha = torch.sigmoid(self.gate(torch.cat([h, g], dim=-1)))
+        return self.out(alpha * h + (1 - alpha) * g)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.blend(h, self.mix(self.reduce(h)))
+
+    # Recurrent form: the state is the last max(Δ) reduced vectors (REFERENCE.md §8).
+    def init_state(self, batch, device, dtype):
+        return torch.zeros(batch, 0, self.options.rank, device=device, dtype=dtype)
+
+    def step(self, h_t: torch.Tensor, past_z: torch.Tensor):
+        if not self.causal:
+            raise ValueError("step() needs a causal mixer")
+        o = self.options
+        z_t = self.reduce(h_t)  # (B, r)
+        t = past_z.shape[1]  # number of earlier tokens kept (capped at max Δ)
+        valid = [d for d in o.offsets if d <= t]
+        if valid:
+            z_past = torch.stack([past_z[:, t - d] for d in valid], dim=1)  # (B, m, r)
+            p = plucker(z_t[:, None, :].expand_as(z_past), z_past)
+            if o.normalize:
+                p = p / p.norm(dim=-1, keepdim=True).clamp_min(o.eps)
+            g = self.plucker_proj(p.mean(dim=1))
+        else:
+            g = torch.zeros_like(h_t)
+        keep = max(o.offsets)
+        past_z = torch.cat([past_z, z_t[:, None, :]], dim=1)[:, -keep:]
+        return self.blend(h_t, g), past_z
+
+    def flops(self, seq_len: int) -> float:
+        d, r = self.d_model, self.options.rank
+        C = r * (r - 1) // 2
+        m = len(self.signed_offsets())
+        plucker_ops = seq_len * m * C * (3 + (3 if self.options.normalize else 0))
+        return (
+            linear_flops(seq_len, d, r)
+            + plucker_ops
+            + linear_flops(seq_len, C, d)
+            + linear_flops(seq_len, 2 * d, d)
+            + (linear_flops(seq_len, d, d) if self.options.out_proj else 0.0)
+        )

@@ -1,0 +1,82 @@
+"""A causal language model around any mixer (REFERENCE.md §1.1: token + learned absolute
+position embeddings, N blocks, a final LayerNorm, and a head tied to the embedding)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seqmix.models.blocks import build_blocks
+
+
+@dataclasses.dataclass
+class LMConfig:
+    arch: str
+    vocab_size: int
+    max_len: int
+    d_model: int = 256
+    n_layers: int = 6
+    d_ff_mult: float = 4.0
+    dropout: float = 0.1
+    norm: str = "post"
+    tie_embeddings: bool = True
+    mixer_options: dict = dataclasses.field(default_factory=dict)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = build_blocks(
+            cfg.arch, cfg.d_model, cfg.n_layers, cfg.mixer_options,
+            d_ff_mult=cfg.d_ff_mult, dropout=cfg.dropout, norm=cfg.norm,
+            causal=True, max_len=cfg.max_len,
+        )
+        self.norm_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+        self.apply(_init_weights)
+
+    def hidden_states(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """The input of every block and the final output: n_layers + 1 tensors (B, L, d)."""
+        B, L = idx.shape
+        if L > self.cfg.max_len:
+            raise ValueError(f"sequence length {L} exceeds the model's max_len {self.cfg.max_len}")
+        pos = torch.arange(L, device=idx.device)
+        h = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        states = [h]
+        for block in self.blocks:
+            h = block(h)
+            states.append(h)
+        return states
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (B, L, V)."""
+        return self.head(self.norm_f(self.hidden_states(idx)[-1]))
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self(idx)
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100
+        )
+
+
+def _init_weights(module: nn.Module) -> None:
+    # GPT-2 style: N(0, 0.02) for linear and embedding weights, zero biases. Mixers that
+    # need a particular initialisation (Mamba's A_log, dt bias) set it after this runs
+    # through their own reset_parameters hooks.
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    elif hasattr(module, "reset_mixer_parameters"):
+        module.reset_mixer_parameters()

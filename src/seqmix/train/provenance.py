@@ -1,0 +1,67 @@
+"""Provenance: what produced a result (code version, packages, hardware, seed, time)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+from seqmix.config import REPO_ROOT
+
+PACKAGES = ("torch", "triton", "numpy", "datasets", "tokenizers", "snakemake", "seqmix")
+
+
+def git_commit() -> dict:
+    def run(*args):
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+
+    try:
+        return {"commit": run("rev-parse", "HEAD") or None, "dirty": bool(run("status", "--porcelain"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def package_versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_record(device: torch.device) -> dict:
+    rec = {"type": device.type, "cpu": cpu_name(), "torch_threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        rec["gpu"] = torch.cuda.get_device_name(device)
+        rec["cuda"] = torch.version.cuda
+    rec["name"] = rec.get("gpu", rec["cpu"])
+    return rec
+
+
+def provenance(device: torch.device, seed: int | None = None, **extra) -> dict:
+    return {
+        "git": git_commit(),
+        "packages": package_versions(),
+        "device": device_record(device),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "seed": seed,
+        **extra,
+    }

@@ -1,0 +1,75 @@
+"""The Causal Grassmann mixer: Plücker geometry and the paper's parameter counts."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from seqmix.mixers.grassmann import CausalGrassmann, grassmann_mix_reference, pair_indices, plucker
+from seqmix.models.budget import count_params
+from seqmix.models.lm import CausalLM, LMConfig
+
+
+def coord(p: torch.Tensor, r: int) -> dict:
+    i, j = pair_indices(r)
+    return {(int(a), int(b)): p[..., n] for n, (a, b) in enumerate(zip(i, j))}
+
+
+def test_plucker_relations_hold():
+    torch.manual_seed(0)
+    r = 7
+    a, b = torch.randn(50, r, dtype=torch.float64), torch.randn(50, r, dtype=torch.float64)
+    p = coord(plucker(a, b), r)
+    worst = 0.0
+    for i, j, k, l in itertools.combinations(range(r), 4):
+        rel = p[i, j] * p[k, l] - p[i, k] * p[j, l] + p[i, l] * p[j, k]
+        worst = max(worst, rel.abs().max().item())
+    assert worst < 1e-10
+
+
+def test_plucker_identities():
+    torch.manual_seed(1)
+    u, v = torch.randn(20, 6, dtype=torch.float64), torch.randn(20, 6, dtype=torch.float64)
+    torch.testing.assert_close(plucker(u, v), -plucker(v, u))
+    assert plucker(u, u).abs().max() == 0
+    lagrange = (u * u).sum(-1) * (v * v).sum(-1) - (u * v).sum(-1) ** 2
+    torch.testing.assert_close((plucker(u, v) ** 2).sum(-1), lagrange)
+    # The span, not the basis: adding a multiple of u to v leaves p unchanged.
+    torch.testing.assert_close(plucker(u, v + 2.5 * u), plucker(u, v))
+    assert plucker(u, v).shape[-1] == 6 * 5 // 2
+
+
+@pytest.mark.parametrize("layers,expected,out_proj", [
+    (6, 13_001_920, True), (12, 18_156_928, True), (6, 12_607_168, False),
+])
+def test_paper_parameter_counts(layers, expected, out_proj):
+    # REFERENCE.md §1.5: V=30,522, d=256, 128 positions, tied embeddings, r=32.
+    with torch.device("meta"):
+        m = CausalLM(LMConfig(arch="grassmann", vocab_size=30522, max_len=128, n_layers=layers,
+                              mixer_options={"out_proj": out_proj}))
+    assert count_params(m) == expected
+
+
+@pytest.mark.parametrize("layers,expected", [(6, 12_585_472), (12, 17_324_032)])
+def test_transformer_baseline_parameter_counts(layers, expected):
+    with torch.device("meta"):
+        m = CausalLM(LMConfig(arch="softmax", vocab_size=30522, max_len=128, n_layers=layers))
+    assert count_params(m) == expected
+
+
+def test_mix_averages_valid_offsets_and_is_zero_at_the_start():
+    torch.manual_seed(2)
+    z = torch.randn(1, 6, 4, dtype=torch.float64)
+    w, b = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    g = grassmann_mix_reference(z, w, b, (1, 2), normalize=False)
+    assert g[0, 0].abs().max() == 0  # no earlier token: g_0 = 0, not the bias
+    manual = (plucker(z[0, 3], z[0, 2]) + plucker(z[0, 3], z[0, 1])) / 2
+    torch.testing.assert_close(g[0, 3], w @ manual + b)
+
+
+def test_per_layer_schedule_gives_each_layer_one_offset():
+    opts = {"offsets": (1, 1, 2, 2, 4, 4), "schedule": "per_layer"}
+    got = [CausalGrassmann.options_for_layer(opts, i)["offsets"] for i in range(8)]
+    assert got == [(1,), (1,), (2,), (2,), (4,), (4,), (1,), (1,)]
