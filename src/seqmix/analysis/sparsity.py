@@ -1,16 +1,44 @@
 """Su's sparsity of attention rows (REFERENCE.md §6): S(x) = E[x] / sqrt(E[x²]) of a row of
 non-negative scores. S = 1 for a constant row and 1/sqrt(n) for a one-hot row of length n;
-smaller is more concentrated. Measured here on trained models' attention rows."""
+smaller is more concentrated. Measured here on trained models, on held-out sequences, in
+two ways (the ``kind`` column):
+
+- ``attention``: the rows of ``mixer.scores(h)`` for mixers with a score matrix
+  (``has_scores``), per layer and head.
+- ``jacobian``: the rows of the effective attention a_{t,s} = ‖∂y_t/∂x_s‖_F of the layer's
+  mixer (analysis/jacobian.py), for every mixer, so that attention-free mixers sit on the
+  same axis. Not the attention matrix even for softmax; both kinds are reported for the
+  mixers that have scores, softmax being the calibration.
+
+In both, h is the hidden state each block's mixer actually received (captured with a
+forward pre-hook while the model reads the sequences), and S is taken over each row's
+visible part (s ≤ t for causal mixers), rows with at least ``min_row_len`` visible keys.
+
+``results/analysis/sparsity.csv`` (``python -m seqmix sparsity``), one row per
+(run, kind, layer, head); columns:
+
+    task, arch, seed   the trained run (seed = training seed)
+    kind               attention | jacobian (see above)
+    layer              block index, 0 = closest to the embedding
+    head               head index for kind=attention; -1 for kind=jacobian (whole mixer)
+    rows               number of rows (query positions × sequences) averaged
+    min_row_len        shortest visible row kept (keys)
+    S_mean, S_std, S_median   Su's S over those rows (dimensionless)
+    S_onehot_mean      mean of 1/sqrt(row length) over the same rows: S of one-hot rows,
+                       the most concentrated value possible
+    row_len_mean       mean visible row length (keys)
+    sequences          held-out sequences the rows come from
+    seq_len            their length (tokens)
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
 FIELDS = ["task", "arch", "seed", "kind", "layer", "head", "rows", "min_row_len",
-          "S_mean", "S_std", "S_median", "S_onehot_mean", "row_len_mean"]
+          "S_mean", "S_std", "S_median", "S_onehot_mean", "row_len_mean", "sequences", "seq_len"]
 
 
 def su_sparsity(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -70,24 +98,66 @@ def capture_mixer_inputs(model: torch.nn.Module, run: callable) -> list[torch.Te
     return inputs
 
 
-def measured_sparsity(run_dir: str | Path, split: str, num_sequences: int, min_row_len: int = 16) -> list[dict]:
-    """S of the trained model's attention rows, per layer and head, on held-out sequences."""
+def heldout_sequences(task, spec: dict, split: str, num_sequences: int) -> torch.Tensor:
+    """The first ``num_sequences`` input sequences of a held-out split: (N, L) token ids."""
+    if spec["task"] == "wikitext2":
+        return task.eval_blocks(split, None)[:num_sequences, :-1]
+    if spec["task"] == "mqar":
+        return task.split(split)[0][:num_sequences]
+    raise ValueError(f"sparsity and geometry read language-model tasks (wikitext2, mqar), not {spec['task']!r}")
+
+
+def model_sparsity(
+    model: torch.nn.Module,
+    seqs: torch.Tensor,
+    min_row_len: int = 16,
+    jacobian_sequences: int = 2,
+    chunk: int = 512,
+) -> list[dict]:
+    """Rows of sparsity.csv (without the run columns) for a causal LM reading ``seqs`` (N, L).
+
+    kind=attention per layer and head for mixers with scores; kind=jacobian per layer for
+    every mixer, on the first ``jacobian_sequences`` sequences (L·d vector-Jacobian
+    products each; 0 skips them).
+    """
+    from seqmix.analysis.jacobian import effective_attention
+
+    model.eval()
+    inputs = capture_mixer_inputs(model, lambda: model(seqs))
+    min_len = min(min_row_len, seqs.shape[1])
+    common = {"min_row_len": min_len, "seq_len": seqs.shape[1]}
+    rows = []
+    for layer, (block, h) in enumerate(zip(model.blocks, inputs)):
+        mixer = block.mixer
+        if type(mixer).has_scores:
+            with torch.no_grad():
+                scores = mixer.scores(h)
+            for r in row_stats(scores, mixer.causal, min_len):
+                rows.append({**common, "kind": "attention", "layer": layer, "sequences": len(h), **r})
+        if jacobian_sequences > 0:
+            h_jac = h[:jacobian_sequences]
+            L = h_jac.shape[1]
+            # Only the rows row_stats keeps: t + 1 ≥ min_len visible keys when causal.
+            kept = list(range(min_len - 1, L)) if mixer.causal else None
+            eff = effective_attention(mixer, h_jac, positions=kept, chunk=chunk)[:, None]  # (B, 1, L, L)
+            for r in row_stats(eff, mixer.causal, min_len):
+                rows.append({**common, "kind": "jacobian", "layer": layer, "sequences": len(h_jac),
+                             **r, "head": -1})
+    return rows
+
+
+def measured_sparsity(
+    run_dir: str | Path,
+    split: str,
+    num_sequences: int,
+    min_row_len: int = 16,
+    jacobian_sequences: int = 2,
+    chunk: int = 512,
+) -> list[dict]:
+    """sparsity.csv rows of one trained run on ``num_sequences`` held-out sequences."""
     from seqmix.train.evaluate import load_run
 
     model, task, spec = load_run(run_dir)
-    mixer_cls = type(model.blocks[0].mixer)
-    if not mixer_cls.has_scores:
-        return []
-    if spec["task"] == "wikitext2":
-        seqs = task.eval_blocks(split, None)[:num_sequences, :-1]
-    else:
-        seqs = task.split(split)[0][:num_sequences]
-    inputs = capture_mixer_inputs(model, lambda: model(seqs))
-    rows = []
-    for layer, (block, h) in enumerate(zip(model.blocks, inputs)):
-        with torch.no_grad():
-            scores = block.mixer.scores(h)
-        for r in row_stats(scores, block.mixer.causal, min(min_row_len, seqs.shape[1])):
-            rows.append({"task": spec["task"], "arch": spec["arch"], "seed": spec["seed"],
-                         "kind": "attention", "layer": layer, "min_row_len": min_row_len, **r})
-    return rows
+    seqs = heldout_sequences(task, spec, split, num_sequences)
+    run = {"task": spec["task"], "arch": spec["arch"], "seed": spec["seed"]}
+    return [{**run, **r} for r in model_sparsity(model, seqs, min_row_len, jacobian_sequences, chunk)]
