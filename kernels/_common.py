@@ -1,0 +1,69 @@
+"""Helpers the Triton kernels share: block-size choice, dot precision, dtype policy.
+
+Importing this module imports triton; ``seqmix.kernels`` itself does not, so CPU-only
+users never pay for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def interpreting() -> bool:
+    """True under TRITON_INTERPRET=1 (kernels run on the CPU through numpy, slow but exact)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    return max(minimum, triton.next_power_of_2(max(int(n), 1)))
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """Dtype of the matmul operands: the input's own 16-bit type (AMP), else fp32.
+
+    Accumulation is always fp32; elementwise work (norms, gates, scans) is done in fp32.
+    """
+    return x.dtype if x.dtype in HALF_DTYPES else torch.float32
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` for tl.dot on fp32 operands, following PyTorch's own switch.
+
+    fp32 matmuls in PyTorch are exact unless ``torch.backends.cuda.matmul.allow_tf32`` is
+    set; the kernels do the same so that kernel and reference differ only by summation order.
+    16-bit operands ignore this (tensor cores, fp32 accumulation).
+    """
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "ieee"
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors on ``device`` (a nominal 4 on the CPU interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def check_same_device(*tensors: torch.Tensor | None) -> torch.device:
+    devs = {t.device for t in tensors if t is not None}
+    if len(devs) != 1:
+        raise ValueError(f"kernel inputs must be on one device, got {sorted(map(str, devs))}")
+    dev = devs.pop()
+    if dev.type != "cuda" and not interpreting():
+        raise RuntimeError(
+            f"Triton kernels need CUDA tensors (got {dev}); on the CPU set TRITON_INTERPRET=1 "
+            "before importing seqmix.kernels, or call the PyTorch reference"
+        )
+    return dev
