@@ -2,9 +2,45 @@
 tensor memory, and the theoretical FLOP count beside them; then the fitted log-log
 exponent (time ∝ L^k) with its 95% confidence interval over the longest lengths.
 
+One mixer layer is measured alone (``mixers.build`` at width d_model, causal where the
+mixer has a causal form, max_len = L so that per-position mixers such as Linformer fit),
+on random inputs, after ``warmup`` calls. Lengths are the configured ones in ascending
+order (powers of two); a mixer stops growing L once the median forward+backward call takes
+longer than ``max_seconds`` or runs out of memory.
+
 Peak memory on a GPU is torch.cuda.max_memory_allocated; on the CPU it is the high-water
 mark of tensor allocations recorded by torch.profiler (same meaning: bytes of live
 tensors, not process RSS).
+
+``results/analysis/complexity.csv`` (``python -m seqmix complexity``; with ``--device cuda
+--out results/bench/complexity-<gpu>.csv`` the committed GPU table), one row per
+(arch, seq_len, repeat); columns:
+
+    arch               registered mixer name
+    device             cpu | cuda;  device_name: the CPU or GPU model
+    d_model, batch     layer width and batch size measured
+    seq_len            L (tokens)
+    repeat             repeat index (0-based); every repeat is a separate timing
+    fwd_ms             forward wall time under no_grad (milliseconds)
+    fwdbwd_ms          forward + backward wall time (milliseconds)
+    peak_fwd_bytes     peak tensor memory of one forward above what was live before (bytes)
+    peak_fwdbwd_bytes  the same for forward + backward (bytes)
+    flops_fwd          theoretical forward FLOPs, ``mixer.flops(L) × batch`` (NaN if the
+                       mixer states none)
+    status             ok | oom (an oom row has only arch, device, seq_len)
+
+``results/analysis/complexity_fit.csv``, one row per (arch, measure); columns:
+
+    arch, device       as above
+    measure            fwd_ms | fwdbwd_ms | peak_fwdbwd_bytes | flops_fwd (the column fitted)
+    min_len, max_len   the L range of the fit: the ``longest`` (3) largest lengths measured
+    slope              OLS slope k of log(measure) on log(L), every repeat a point
+    ci_low, ci_high    its 95% t-interval
+    points             number of (L, value) points in the fit
+    r2                 coefficient of determination of the fit
+    flops_slope        the same fit of the theoretical FLOP count over the same lengths:
+                       the exponent the measurement is to be compared with
+    value_at_max_len   median of the measure at max_len (its unit: ms, bytes or FLOPs)
 """
 
 from __future__ import annotations
@@ -23,6 +59,9 @@ from seqmix.train.provenance import device_record
 
 FIELDS = ["arch", "device", "device_name", "d_model", "batch", "seq_len", "repeat",
           "fwd_ms", "fwdbwd_ms", "peak_fwd_bytes", "peak_fwdbwd_bytes", "flops_fwd", "status"]
+FIT_FIELDS = ["arch", "device", "measure", "min_len", "max_len", "slope", "ci_low", "ci_high", "points",
+              "r2", "flops_slope", "value_at_max_len"]
+MEASURES = ("fwd_ms", "fwdbwd_ms", "peak_fwdbwd_bytes", "flops_fwd")
 
 
 def _sync(device: torch.device) -> None:
@@ -114,9 +153,14 @@ def run_complexity(archs: list[str], cfg: dict, device: torch.device, mixer_opti
         try:
             got = measure_mixer(arch, cfg["d_model"], L, cfg["batch_size"], cfg["repeats"],
                                 cfg["warmup"], device, mixer_options.get(arch, {}))
-        except torch.OutOfMemoryError:
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            # CUDA raises OutOfMemoryError; the CPU allocator a RuntimeError naming memory.
+            if not isinstance(e, torch.OutOfMemoryError) and "memory" not in str(e):
+                raise
             rows.append({"arch": arch, "device": device.type, "seq_len": L, "status": "oom"})
             stopped.add(arch)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             continue
         rows.extend(got)
         if statistics.median(r["fwdbwd_ms"] for r in got) > cfg["max_seconds"] * 1e3:
@@ -140,20 +184,28 @@ def fit_exponent(seq_len: np.ndarray, time_ms: np.ndarray) -> dict:
             "points": n, "r2": res.rvalue ** 2}
 
 
+def _finite_positive(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and v > 0
+
+
 def fit_table(rows: list[dict], longest: int = 3) -> list[dict]:
-    """Fitted exponents per (arch, measure) over the ``longest`` largest lengths measured."""
+    """Fitted exponents per (arch, measure) over the ``longest`` largest lengths measured,
+    each with the FLOP-count exponent over the same lengths beside it (module docstring)."""
     out = []
     ok = [r for r in rows if r.get("status") == "ok"]
     for arch in dict.fromkeys(r["arch"] for r in ok):
         mine = [r for r in ok if r["arch"] == arch]
         lengths = sorted({r["seq_len"] for r in mine})[-longest:]
         sel = [r for r in mine if r["seq_len"] in lengths]
-        for measure in ("fwd_ms", "fwdbwd_ms", "peak_fwdbwd_bytes", "flops_fwd"):
-            vals = [(r["seq_len"], r[measure]) for r in sel if r[measure] and r[measure] > 0
-                    and not (isinstance(r[measure], float) and math.isnan(r[measure]))]
-            if not vals:
-                continue
-            fit = fit_exponent(*map(np.array, zip(*vals)))
+        fits = {}
+        for measure in MEASURES:
+            vals = [(r["seq_len"], r[measure]) for r in sel if _finite_positive(r[measure])]
+            if vals:
+                fits[measure] = (fit_exponent(*map(np.array, zip(*vals))), vals)
+        flops_slope = fits["flops_fwd"][0]["slope"] if "flops_fwd" in fits else float("nan")
+        for measure, (fit, vals) in fits.items():
+            at_max = [v for L, v in vals if L == lengths[-1]]
             out.append({"arch": arch, "device": sel[0]["device"], "measure": measure,
-                        "min_len": lengths[0], "max_len": lengths[-1], **fit})
+                        "min_len": lengths[0], "max_len": lengths[-1], **fit, "flops_slope": flops_slope,
+                        "value_at_max_len": statistics.median(at_max) if at_max else float("nan")})
     return out

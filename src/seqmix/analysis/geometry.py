@@ -1,0 +1,250 @@
+"""Geometry of the trained attention-free mixers on held-out text: for the Causal Grassmann
+layer (REFERENCE.md §1.2-1.3) the Plücker features it uses and the 2-planes it moves
+through; for ToST's TSSA (§2.1) the variational compression term it descends.
+
+Per Grassmann layer, with h the hidden state the layer's mixer received (captured while the
+model reads held-out sequences) and z_t = W_red h_t + b_red ∈ R^r its reduced tokens:
+
+- Plücker residual. For a vector p ∈ R^{C(r,2)} and a quadruple i<j<k<l,
+      ρ_ijkl(p) = |p_ij p_kl − p_ik p_jl + p_il p_jk| / ‖p‖².
+  Every decomposable p (a point of Gr(2, r)) has ρ = 0 for all quadruples. Two vectors:
+  * ``plucker_residual_pair``: p̂^Δ(t) = p(z_t, z_{t−Δ}) / max(‖p‖, ε), computed by the
+    mixer's own ``plucker`` in the model's dtype; its residual is the rounding level
+    (≈1e-7 in fp32): the per-offset features do lie on the Grassmannian.
+  * ``plucker_residual_used``: p̄(t) = mean_{Δ ∈ W_t} p̂^Δ(t), the vector the layer actually
+    feeds to W_plü (§1.2 step 4). A mean of points of Gr(2, r) is in general off it, but
+    here every plane at position t contains z_t, and the wedge product is bilinear:
+    p̄(t) = z_t ∧ w_t with w_t = mean_Δ z_{t−Δ} / max(‖z_t ∧ z_{t−Δ}‖, ε). So the used
+    feature still encodes exactly one plane, span(z_t, w_t), and this residual is also at
+    the rounding level; a value well above it would mean the layer is not what §1.2 says.
+  Statistics: max and mean over positions t (those with at least one valid offset),
+  sequences and quadruples (all C(r,4) of them, or ``max_quadruples`` drawn at random).
+- ``pair_angle``: the angle between z_t and z_{t−Δ}, in degrees, in [0°, 180°]; the plane
+  degenerates (‖p‖ = ‖z_t‖‖z_{t−Δ}‖ sin θ → 0) as θ → 0° or 180°.
+- ``plane_angle_1``, ``plane_angle_2``: the two principal angles θ₁ ≤ θ₂ (degrees, in
+  [0°, 90°]) between consecutive planes P_t = span(z_t, z_{t−Δ}) and P_{t+1} =
+  span(z_{t+1}, z_{t+1−Δ}) of the same offset: with Q_t an orthonormal basis of P_t (r × 2,
+  QR in float64), cos θ₁ ≥ cos θ₂ are the singular values of Q_tᵀQ_{t+1} (and the sines
+  those of (I − Q_tQ_tᵀ)Q_{t+1}, used for the angles below 45°). Small angles mean
+  the layer's planes drift slowly along the sequence. (cos θ₁ cos θ₂ = |p̂_t · p̂_{t+1}|.)
+  For Δ = 1 consecutive planes share z_t, so θ₁ = 0 and only θ₂ carries information.
+  Pairs whose plane is degenerate (sin of the pair angle < 1e-6) are left out.
+  Angle statistics: quantiles q05, q25, q50, q75, q95 and the mean, per offset and pooled
+  over the layer's offsets (offset = 0).
+Comparing layers shows how the geometry drifts with depth.
+
+Per TSSA layer: ``compression_term``: R_c^var(Z, Π | U) of §2.1, summed over heads, from
+the mixer's ``compression_term(h, eps)`` on the layer's own input (its U_k, its memberships
+Π), in nats; statistics mean and std over sequences.
+
+``results/analysis/geometry.csv`` (``python -m seqmix geometry``), tidy, one row per
+(run, layer, quantity, offset, stat); columns:
+
+    task, arch, seed   the trained run
+    layer              block index, 0 = closest to the embedding
+    quantity           plucker_residual_pair | plucker_residual_used | pair_angle |
+                       plane_angle_1 | plane_angle_2 | compression_term (see above)
+    offset             Δ for per-offset rows; 0 = pooled over offsets, or not per offset
+    stat               max | mean | std | q05 | q25 | q50 | q75 | q95
+    value              the statistic
+    unit               relative (ρ, dimensionless) | degrees | nats
+    count              number of values the statistic summarises
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seqmix.mixers.grassmann import CausalGrassmann, pair_indices, plucker
+
+FIELDS = ["task", "arch", "seed", "layer", "quantity", "offset", "stat", "value", "unit", "count"]
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+DEGENERATE_SIN = 1e-6
+
+
+# ---------------------------------------------------------------------------------------
+# Plücker relations
+# ---------------------------------------------------------------------------------------
+
+
+def quadruples(r: int, max_count: int | None = None, seed: int = 0) -> torch.Tensor:
+    """All i<j<k<l in range(r), or ``max_count`` of them drawn without replacement: (Q, 4)."""
+    quads = torch.tensor(list(itertools.combinations(range(r), 4)), dtype=torch.long).reshape(-1, 4)
+    if max_count is not None and len(quads) > max_count:
+        g = torch.Generator().manual_seed(seed)
+        quads = quads[torch.randperm(len(quads), generator=g)[:max_count]]
+    return quads
+
+
+def coordinate_index(r: int) -> torch.Tensor:
+    """(r, r) table: column of p_ij in ``plucker``'s output for i < j (-1 elsewhere)."""
+    idx = torch.full((r, r), -1, dtype=torch.long)
+    i, j = pair_indices(r)
+    idx[i, j] = torch.arange(len(i))
+    return idx
+
+
+def plucker_residual(p: torch.Tensor, quads: torch.Tensor) -> torch.Tensor:
+    """ρ = |p_ij p_kl − p_ik p_jl + p_il p_jk| / ‖p‖² for p (..., C(r,2)), quads (Q, 4):
+    returns (..., Q). NaN where p = 0."""
+    C = p.shape[-1]
+    r = int(round((1 + math.sqrt(1 + 8 * C)) / 2))
+    col = coordinate_index(r).to(p.device)
+    i, j, k, l = quads.to(p.device).unbind(-1)
+    rel = p[..., col[i, j]] * p[..., col[k, l]] - p[..., col[i, k]] * p[..., col[j, l]] + p[..., col[i, l]] * p[..., col[j, k]]
+    return rel.abs() / (p * p).sum(-1, keepdim=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Angles
+# ---------------------------------------------------------------------------------------
+
+
+def vector_angle(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Angle between a and b (..., r) in degrees, in [0, 180]; atan2 keeps small angles exact."""
+    cos = (a * b).sum(-1)
+    sin = torch.sqrt(((a * a).sum(-1) * (b * b).sum(-1) - cos * cos).clamp_min(0))
+    return torch.rad2deg(torch.atan2(sin, cos))
+
+
+def principal_angles(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """Principal angles (degrees, ascending) between span(A) and span(B); A, B: (..., r, 2)
+    with independent columns. Returns (..., 2)."""
+    Qa, _ = torch.linalg.qr(A)
+    Qb, _ = torch.linalg.qr(B)
+    M = Qa.transpose(-1, -2) @ Qb  # (..., 2, 2)
+    cos = torch.linalg.svdvals(M)  # descending: angles ascending
+    sin = torch.linalg.svdvals(Qb - Qa @ M).flip(-1)  # of (I - QaQaᵀ)Qb, made ascending
+    # arccos loses half the digits near 0° (and arcsin near 90°): take each where it is exact,
+    # as scipy.linalg.subspace_angles does.
+    theta = torch.where(cos * cos < 0.5, torch.arccos(cos.clamp(-1.0, 1.0)), torch.arcsin(sin.clamp(-1.0, 1.0)))
+    return torch.rad2deg(theta)
+
+
+# ---------------------------------------------------------------------------------------
+# Per layer
+# ---------------------------------------------------------------------------------------
+
+
+def _describe(values: torch.Tensor, quantity: str, offset: int, unit: str) -> list[dict]:
+    v = values.detach().double().reshape(-1)
+    v = v[torch.isfinite(v)].numpy()
+    if v.size == 0:
+        return []
+    out = [{"quantity": quantity, "offset": offset, "stat": "mean", "value": float(v.mean()), "unit": unit,
+            "count": int(v.size)}]
+    for q in QUANTILES:
+        out.append({"quantity": quantity, "offset": offset, "stat": f"q{round(100 * q):02d}",
+                    "value": float(np.quantile(v, q)), "unit": unit, "count": int(v.size)})
+    return out
+
+
+def _extremes(values: torch.Tensor, quantity: str) -> list[dict]:
+    v = values.detach().double().reshape(-1)
+    v = v[torch.isfinite(v)]
+    if v.numel() == 0:
+        return []
+    return [{"quantity": quantity, "offset": 0, "stat": s, "value": float(f(v)), "unit": "relative",
+             "count": int(v.numel())} for s, f in (("max", torch.max), ("mean", torch.mean))]
+
+
+@torch.no_grad()
+def grassmann_layer_geometry(mixer: CausalGrassmann, h: torch.Tensor, max_quadruples: int | None = 2000,
+                             seed: int = 0) -> list[dict]:
+    """Plücker residuals, pair angles and plane drift of one Grassmann layer on its input
+    h (B, L, d) (module docstring). Offsets are the layer's own (per_layer schedules give one)."""
+    o = mixer.options
+    z = mixer.reduce(h)  # (B, L, r), the model's dtype
+    B, L, r = z.shape
+    quads = quadruples(r, max_quadruples, seed)
+    rows: list[dict] = []
+    p_sum = z.new_zeros(B, L, r * (r - 1) // 2)
+    count = z.new_zeros(L)
+    pair_res, angles, plane1, plane2 = [], [], [], []
+    for delta in mixer.signed_offsets():
+        if not 0 < delta < L:
+            continue  # look-ahead offsets (non-causal variant) and offsets past the sequence
+        z_now, z_past = z[:, delta:], z[:, :-delta]  # pairs (z_t, z_{t-Δ}), t = Δ..L-1
+        p = plucker(z_now, z_past)
+        p_hat = p / p.norm(dim=-1, keepdim=True).clamp_min(o.eps) if o.normalize else p
+        p_sum[:, delta:] += p_hat
+        count[delta:] += 1
+        res = plucker_residual(p_hat, quads)
+        pair_res.append(res)
+        rows += [{**row, "quantity": "plucker_residual_pair", "offset": delta}
+                 for row in _extremes(res, "plucker_residual_pair")]
+        # Angles in float64: the planes are compared through tiny differences.
+        zn, zp = z_now.double(), z_past.double()
+        ang = vector_angle(zn, zp)  # (B, L-Δ)
+        angles.append(ang)
+        rows += _describe(ang, "pair_angle", delta, "degrees")
+        planes = torch.stack([zn, zp], dim=-1)  # (B, L-Δ, r, 2): P_t for t = Δ..L-1
+        ok = torch.sin(torch.deg2rad(ang)) > DEGENERATE_SIN
+        both = ok[:, 1:] & ok[:, :-1]
+        pa = principal_angles(planes[:, :-1], planes[:, 1:])  # (B, L-Δ-1, 2): P_t vs P_{t+1}
+        pa = pa.masked_fill(~both[..., None], float("nan"))
+        plane1.append(pa[..., 0])
+        plane2.append(pa[..., 1])
+        rows += _describe(pa[..., 0], "plane_angle_1", delta, "degrees")
+        rows += _describe(pa[..., 1], "plane_angle_2", delta, "degrees")
+    if not pair_res:
+        return rows
+    used = p_sum[:, count > 0] / count[count > 0][:, None]  # p̄: what W_plü receives
+    rows += _extremes(plucker_residual(used, quads), "plucker_residual_used")
+    rows += _extremes(torch.cat([x.reshape(-1) for x in pair_res]), "plucker_residual_pair")
+    rows += _describe(torch.cat([x.reshape(-1) for x in angles]), "pair_angle", 0, "degrees")
+    rows += _describe(torch.cat([x.reshape(-1) for x in plane1]), "plane_angle_1", 0, "degrees")
+    rows += _describe(torch.cat([x.reshape(-1) for x in plane2]), "plane_angle_2", 0, "degrees")
+    return rows
+
+
+@torch.no_grad()
+def tssa_layer_geometry(mixer: torch.nn.Module, h: torch.Tensor, eps: float) -> list[dict]:
+    """R_c^var summed over heads, per sequence, on the layer's input h (B, L, d): mean, std."""
+    per_seq = mixer.compression_term(h, eps).sum(-1).double()  # (B,)
+    n = per_seq.numel()
+    std = per_seq.std().item() if n > 1 else float("nan")
+    return [{"quantity": "compression_term", "offset": 0, "stat": s, "value": v, "unit": "nats", "count": n}
+            for s, v in (("mean", per_seq.mean().item()), ("std", std))]
+
+
+def has_geometry(mixer_cls: type) -> bool:
+    """Whether geometry.csv has rows for this mixer class (Grassmann, or a compression term)."""
+    return issubclass(mixer_cls, CausalGrassmann) or hasattr(mixer_cls, "compression_term")
+
+
+def model_geometry(model: torch.nn.Module, seqs: torch.Tensor, max_quadruples: int | None = 2000,
+                   tssa_eps: float = 0.5, seed: int = 0) -> list[dict]:
+    """geometry.csv rows (without the run columns) for a causal LM reading ``seqs`` (N, L)."""
+    from seqmix.analysis.sparsity import capture_mixer_inputs
+
+    model.eval()
+    inputs = capture_mixer_inputs(model, lambda: model(seqs))
+    rows = []
+    for layer, (block, h) in enumerate(zip(model.blocks, inputs)):
+        mixer = block.mixer
+        if isinstance(mixer, CausalGrassmann):
+            got = grassmann_layer_geometry(mixer, h, max_quadruples, seed)
+        elif hasattr(mixer, "compression_term"):
+            got = tssa_layer_geometry(mixer, h, tssa_eps)
+        else:
+            got = []
+        rows += [{"layer": layer, **r} for r in got]
+    return rows
+
+
+def run_geometry(run_dir: str | Path, split: str, num_sequences: int, max_quadruples: int | None = 2000,
+                 tssa_eps: float = 0.5, seed: int = 0) -> list[dict]:
+    """geometry.csv rows of one trained run on ``num_sequences`` held-out sequences."""
+    from seqmix.analysis.sparsity import heldout_sequences
+    from seqmix.train.evaluate import load_run
+
+    model, task, spec = load_run(run_dir)
+    seqs = heldout_sequences(task, spec, split, num_sequences)
+    run = {"task": spec["task"], "arch": spec["arch"], "seed": spec["seed"]}
+    return [{**run, **r} for r in model_geometry(model, seqs, max_quadruples, tssa_eps, seed)]
