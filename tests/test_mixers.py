@@ -15,6 +15,12 @@ from seqmix.config import NONCAUSAL_ONLY, load_schema
 TINY_OPTIONS: dict[str, dict] = {
     "softmax": {"n_heads": 2},
     "grassmann": {"rank": 5, "offsets": (1, 2, 3)},
+    # Chunks smaller than the test lengths (and GLA's sub-chunks smaller than its chunk),
+    # so that the chunked forms cross chunk boundaries and end on a partial chunk.
+    "gla": {"n_heads": 2, "chunk_size": 4, "gate_low_rank_dim": 4},
+    "h3": {"d_state": 4, "head_dim": 2},
+    "mamba": {"d_state": 4, "chunk_size": 4},
+    "tssa": {"n_heads": 2},
 }
 D = 8
 
