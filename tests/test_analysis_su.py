@@ -238,3 +238,23 @@ def test_su_sparsity_matches_numpy_ratio():
     a = np.random.default_rng(0).exponential(size=1000)
     assert su_sparsity(torch.from_numpy(a)).item() == pytest.approx(su.ratio_estimate(a)[0], rel=1e-12)
     assert special.ndtr(0.0) == 0.5  # scipy.special is what the closed forms use
+
+
+def test_cli_writes_the_curves_csv(tmp_path):
+    import csv
+
+    import yaml
+
+    from seqmix import cli
+    from seqmix.config import REPO_ROOT, deep_merge
+
+    raw = yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text())
+    small = {"beta_points": 2, "gamma_points": 2, "lengths": [8], "lambdas": [0.9], "mc_points": [[0.0, 1.0]],
+             "mc_lengths": [8], "mc_rows": 4}
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(deep_merge(raw, {"analysis": {"sparsity_analytic": small}})))
+    out = tmp_path / "sparsity_analytic.csv"
+    assert cli.main(["sparsity-analytic", "--config", str(cfg), "--out", str(out)]) == 0
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == su.FIELDS and len(rows) == 2 * 2 * 4 + 1 + 3

@@ -79,21 +79,24 @@ def cmd_collect(args) -> int:
 def cmd_complexity(args) -> int:
     import torch
 
-    from seqmix.analysis.complexity import FIELDS, fit_table, run_complexity
+    from seqmix import mixers
+    from seqmix.analysis.complexity import FIELDS, FIT_FIELDS, fit_table, run_complexity
     from seqmix.train.loop import resolve_device
 
     cfg = load_config(args.config)
     ccfg = cfg["analysis"]["complexity"]
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = resolve_device(ccfg["device"])
-    archs = args.arch or cfg["architectures"]
+    device = resolve_device(args.device or ccfg["device"])
+    # --arch, else analysis.complexity.architectures ("all" = every registered mixer), else
+    # the architectures the config trains.
+    chosen = ccfg.get("architectures")
+    archs = args.arch or (mixers.names() if chosen == "all" else chosen) or cfg["architectures"]
     rows = run_complexity(archs, ccfg, device, cfg.get("mixers", {}), progress=not args.quiet)
     _write_csv(Path(args.out), rows, FIELDS)
-    fits = fit_table(rows)
+    fits = fit_table(rows, longest=ccfg.get("fit_longest", 3))
     fit_out = Path(args.fit_out or Path(args.out).with_name(Path(args.out).stem + "_fit.csv"))
-    _write_csv(fit_out, fits, ["arch", "device", "measure", "min_len", "max_len", "slope",
-                               "ci_low", "ci_high", "points", "r2"])
+    _write_csv(fit_out, fits, FIT_FIELDS)
     print(f"wrote {len(rows)} rows to {args.out} and {len(fits)} fits to {fit_out}")
     return 0
 
@@ -115,7 +118,43 @@ def cmd_sparsity(args) -> int:
         metrics = json.loads((d / "metrics.json").read_text())
         if metrics["status"] != "ok":
             continue
-        rows.extend(measured_sparsity(d, scfg["split"], scfg["num_sequences"]))
+        rows.extend(measured_sparsity(d, scfg["split"], scfg["num_sequences"], scfg["min_row_len"],
+                                      scfg["jacobian_sequences"], scfg["jacobian_chunk"]))
+    _write_csv(Path(args.out), rows, FIELDS)
+    print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
+def cmd_sparsity_analytic(args) -> int:
+    from seqmix.analysis.su import FIELDS, analytic_curves
+
+    cfg = load_config(args.config)
+    rows = analytic_curves(cfg["analysis"]["sparsity_analytic"])
+    _write_csv(Path(args.out), rows, FIELDS)
+    print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
+def cmd_geometry(args) -> int:
+    import torch
+
+    from seqmix import mixers
+    from seqmix.analysis.geometry import FIELDS, has_geometry, run_geometry
+
+    cfg = load_config(args.config)
+    gcfg = cfg["analysis"]["geometry"]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = []
+    for task, arch, seed in runs(cfg):
+        if task != gcfg["task"] or not has_geometry(mixers.mixer_class(arch)):
+            continue
+        d = run_dir(cfg, task, arch, seed)
+        metrics = json.loads((d / "metrics.json").read_text())
+        if metrics["status"] != "ok":
+            continue
+        rows.extend(run_geometry(d, gcfg["split"], gcfg["num_sequences"], gcfg["max_quadruples"],
+                                 gcfg["tssa_eps"], gcfg["seed"]))
     _write_csv(Path(args.out), rows, FIELDS)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
@@ -157,11 +196,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="results/analysis/complexity.csv")
     sp.add_argument("--fit-out", default=None)
     sp.add_argument("--arch", action="append", help="measure only this architecture (repeatable)")
+    sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
+                    help="override analysis.complexity.device (e.g. cuda with --out results/bench/complexity-<gpu>.csv)")
     sp.add_argument("--threads", type=int, default=None)
     sp.add_argument("--quiet", action="store_true")
 
-    sp = add("sparsity", cmd_sparsity, "Su's sparsity of trained models' attention rows")
+    sp = add("sparsity", cmd_sparsity, "Su's sparsity of trained models' attention rows and Jacobians")
     sp.add_argument("--out", default="results/analysis/sparsity.csv")
+    sp.add_argument("--threads", type=int, default=None)
+
+    sp = add("sparsity-analytic", cmd_sparsity_analytic, "Su's sparsity closed forms as curves (no training)")
+    sp.add_argument("--out", default="results/analysis/sparsity_analytic.csv")
+
+    sp = add("geometry", cmd_geometry, "Plücker and plane geometry of Grassmann runs, TSSA compression term")
+    sp.add_argument("--out", default="results/analysis/geometry.csv")
     sp.add_argument("--threads", type=int, default=None)
     return p
 
