@@ -1,1 +1,31 @@
+"""Triton kernels, importable as ``seqmix.kernels`` (DESIGN.md: fast path beside each reference).
 
+This package imports nothing heavy: triton is imported by the submodules only, so that
+CPU-only users can ``import seqmix`` without it. Each kernel is a ``torch.autograd.Function``
+(forward and backward) behind one function with its reference's signature:
+
+- ``seqmix.kernels.grassmann.grassmann_mix``  = ``mixers.grassmann.grassmann_mix_reference``
+  (causal offsets), fused: the L × offsets × r(r-1)/2 Plücker tensor is never stored.
+- ``seqmix.kernels.gla.chunk_gla``             = ``mixers.gla.gla_recurrent_reference``
+- ``seqmix.kernels.tssa.tssa``                 = ``mixers.tssa.tssa_reference``
+
+Mixers call them for CUDA tensors (``mixers.base.use_kernel``); ``SEQMIX_REFERENCE_MIXERS=1``
+or the config's ``train.reference_mixers`` forces the references. On the CPU the kernels run
+under ``TRITON_INTERPRET=1`` (set before the submodules are imported): slow, exact, and what
+``tests/test_kernels.py`` uses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+KERNELS = {
+    "grassmann": "seqmix.kernels.grassmann:grassmann_mix",
+    "gla": "seqmix.kernels.gla:chunk_gla",
+    "tssa": "seqmix.kernels.tssa:tssa",
+}
+
+
+def available() -> bool:
+    """True when triton can be imported (the kernels themselves need CUDA or the interpreter)."""
+    return importlib.util.find_spec("triton") is not None

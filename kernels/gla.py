@@ -117,6 +117,8 @@ def _fwd_A_kernel(
                               input_precision=PRECISION)
         elif j == i_i:
             causal = (tl.arange(0, BC)[:, None] >= tl.arange(0, BC)[None, :])[:, :, None]
+            # both rows real: a padded row has g = 0, and exp(0 - g_s) could overflow
+            valid = (tm[:, None] & tm[None, :])[:, :, None]
             for k0 in range(0, K, BK):
                 kk = k0 + tl.arange(0, BK)
                 km = kk < K
@@ -125,7 +127,7 @@ def _fwd_A_kernel(
                 k = tl.load(k_ptr + base + t[:, None] * K + kk[None, :], mask=mq, other=0.0)
                 g = tl.load(g_ptr + base + t[:, None] * K + kk[None, :], mask=mq, other=0.0)
                 diff = g[:, None, :] - g[None, :, :]  # g_t - g_s: (BC, BC, BK)
-                decay = tl.exp(tl.where(causal, diff, float("-inf")))
+                decay = tl.exp(tl.where(causal & valid, diff, float("-inf")))
                 prod = q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :] * decay
                 acc += tl.sum(prod, axis=2)
         # zeros above the diagonal sub-chunk keep A a plain lower-triangular matrix
@@ -258,7 +260,8 @@ def _bwd_dqk_kernel(
     r_q = tl.minimum(row0, L - 1)  # reference for dq: g_t ≤ g_r ≤ g_s, s in earlier sub-chunks
     r_k = tl.minimum(row0 + BC - 1, L - 1)  # reference for dk: g_t' ≤ g_r ≤ g_s, t' later
     base_k, base_v, base_a = bh * L * K, bh * L * V, bh * L * BT
-    causal = (tl.arange(0, BC)[:, None] >= tl.arange(0, BC)[None, :])[:, :, None]
+    # s ≤ t, both rows real (a padded row has g = 0, and exp(0 - g_s) could overflow)
+    causal = ((tl.arange(0, BC)[:, None] >= tl.arange(0, BC)[None, :]) & tm[:, None] & tm[None, :])[:, :, None]
     da_diag = tl.load(da_ptr + base_a + t[:, None] * BT + (i_i * BC + tl.arange(0, BC))[None, :],
                       mask=tm[:, None], other=0.0)  # (BC, BC): dA_ts, t and s in this sub-chunk
     for k0 in range(0, K, BK):
