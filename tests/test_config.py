@@ -1,0 +1,81 @@
+"""The config is validated before any work: defaults filled, every bad key named."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from seqmix.config import REPO_ROOT, ConfigError, load_config, run_spec, runs, validate_config
+
+MINIMAL = {"tasks": {"mqar": {}}, "architectures": ["softmax"], "seeds": [0]}
+
+
+def test_defaults_are_filled_from_the_schema():
+    cfg = validate_config(MINIMAL)
+    assert cfg["results_dir"] == "results"
+    assert cfg["tasks"]["mqar"]["train"]["lr"] == 1e-3
+    assert cfg["tasks"]["mqar"]["model"]["budget"]["solve"] == "width"
+    assert cfg["analysis"]["complexity"]["repeats"] >= 1
+    assert "wikitext2" not in cfg["tasks"]  # tasks are not invented
+
+
+@pytest.mark.parametrize("path", ["config/config.yaml", "config/paper.yaml"])
+def test_shipped_configs_are_valid(path):
+    cfg = load_config(REPO_ROOT / path)
+    assert runs(cfg)
+
+
+def test_unknown_key_is_named_with_the_allowed_ones():
+    bad = {**MINIMAL, "tasks": {"mqar": {"train": {"stpes": 10}}}}
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'stpes' under 'tasks.mqar.train'; allowed: .*steps"):
+        validate_config(bad)
+
+
+def test_wrong_type_names_the_key():
+    bad = {**MINIMAL, "tasks": {"mqar": {"train": {"lr": "fast"}}}}
+    with pytest.raises(ConfigError, match=r"tasks.mqar.train.lr"):
+        validate_config(bad)
+
+
+def test_unknown_architecture_lists_the_allowed_values():
+    with pytest.raises(ConfigError, match=r"architectures\[1\]'.*'transformer'.*allowed values: softmax, grassmann"):
+        validate_config({**MINIMAL, "architectures": ["softmax", "transformer"]})
+
+
+def test_unknown_mixer_option_fails_before_any_job():
+    with pytest.raises(ConfigError, match=r"'rnk' under 'mixers.grassmann'; allowed: .*rank"):
+        validate_config({**MINIMAL, "mixers": {"grassmann": {"rnk": 4}}})
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        validate_config({"tasks": {"mqar": {"seq_len": -1}}, "architectures": ["x"], "seeds": [0], "oops": 1})
+    msg = str(e.value)
+    assert "oops" in msg and "architectures[0]" in msg and "tasks.mqar.seq_len" in msg
+
+
+def test_training_on_the_evaluation_split_is_refused():
+    with pytest.raises(ConfigError, match="eval_split"):
+        validate_config({**MINIMAL, "tasks": {"wikitext2": {"train_split": "validation"}}})
+
+
+def test_runs_cover_task_arch_seed_and_skip_noncausal_lm():
+    cfg = validate_config({"tasks": {"mqar": {}, "snli": {}}, "architectures": ["softmax", "linformer"], "seeds": [0, 1]})
+    got = runs(cfg)
+    assert ("snli", "linformer", 1) in got
+    assert not any(t == "mqar" and a == "linformer" for t, a, _ in got)
+    assert len(got) == 2 * 2 + 1 * 2
+
+
+def test_run_spec_holds_only_its_task():
+    cfg = validate_config({"tasks": {"mqar": {}, "snli": {}}, "architectures": ["softmax"], "seeds": [3]})
+    spec = run_spec(cfg, "mqar", "softmax", 3)
+    assert spec["run_dir"].endswith("runs/mqar/softmax/seed3")
+    assert "train_file" not in spec["task_config"]  # snli's settings are not part of it
+
+
+def test_yaml_file_errors_name_the_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump({**MINIMAL, "seeds": "zero"}))
+    with pytest.raises(ConfigError, match=r"(?s)bad.yaml.*seeds"):
+        load_config(p)

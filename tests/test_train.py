@@ -1,0 +1,116 @@
+"""Training runs: outputs, resume after a kill, divergence, budgets, evaluation."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqmix.config import run_spec, validate_config
+from seqmix.models.budget import solve_budget
+from seqmix.train.evaluate import evaluate_run
+from seqmix.train.loop import LOG_FIELDS, train
+
+TIME_FIELDS = {"wall_time_s", "resumed_from_steps"}
+
+
+def spec_for(prepared: dict, task: str, arch: str, root: Path, **train_overrides) -> dict:
+    cfg = copy.deepcopy(prepared)
+    cfg["results_dir"] = str(root)
+    cfg["tasks"][task]["train"].update(train_overrides)
+    return run_spec(validate_config(cfg), task, arch, 0)
+
+
+@pytest.mark.parametrize("task", ["mqar", "wikitext2", "snli"])
+def test_a_run_writes_its_results(prepared, tmp_path, task):
+    spec = spec_for(prepared, task, "grassmann", tmp_path)
+    metrics = train(spec, progress=False)
+    run = Path(spec["run_dir"])
+    for name in ("metrics.json", "log.csv", "config.json", "provenance.json", "model.pt"):
+        assert (run / name).exists(), name
+    assert not (run / "checkpoints" / "last.pt").exists()  # removed once complete
+    assert metrics["status"] == "ok" and metrics["steps_completed"] == 6
+    assert metrics["params"] > 0 and metrics["data"]["splits"]
+    rows = list(csv.DictReader(open(run / "log.csv")))
+    assert list(rows[0]) == LOG_FIELDS
+    assert [r["step"] for r in rows if r["phase"] == "eval"] == ["3", "6"]
+    prov = json.loads((run / "provenance.json").read_text())
+    assert prov["seed"] == 0 and prov["packages"]["torch"] and prov["device"]["type"] == "cpu"
+    ev = evaluate_run(run, device="cpu")
+    split = "validation"
+    assert ev["splits"][split][metrics["metric"]] is not None
+    assert set(ev["splits"]) == {split, "test"}
+
+
+def _run_cli(spec: dict) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "seqmix", "train", "--quiet", "--spec", json.dumps(spec)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_killed_run_resumes_and_ends_like_an_uninterrupted_one(prepared, tmp_path):
+    # Long enough to be killed after its first checkpoint and before its end.
+    settings = dict(steps=400, checkpoint_every=20, eval_every=100, log_every=20)
+    killed = spec_for(prepared, "mqar", "softmax", tmp_path / "killed", **settings)
+    clean = spec_for(prepared, "mqar", "softmax", tmp_path / "clean", **settings)
+    ckpt = Path(killed["run_dir"]) / "checkpoints" / "last.pt"
+
+    proc = _run_cli(killed)
+    deadline = time.time() + 120
+    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it could be killed; make it longer"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert ckpt.exists() and not (Path(killed["run_dir"]) / "metrics.json").exists()
+    saved_step = torch.load(ckpt, weights_only=True)["state"]["step"]
+
+    resumed = _run_cli(killed)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert f"resuming {killed['run_dir']} from step {saved_step}" in err
+    uninterrupted = _run_cli(clean)
+    _, err = uninterrupted.communicate(timeout=300)
+    assert uninterrupted.returncode == 0, err
+
+    a = json.loads((Path(killed["run_dir"]) / "metrics.json").read_text())
+    b = json.loads((Path(clean["run_dir"]) / "metrics.json").read_text())
+    assert a["resumed_from_steps"] == [saved_step] and b["resumed_from_steps"] == []
+    strip = lambda m: {k: v for k, v in m.items() if k not in TIME_FIELDS}  # noqa: E731
+    assert strip(a) == strip(b)
+    wa = torch.load(Path(killed["run_dir"]) / "model.pt", weights_only=True)["model"]
+    wb = torch.load(Path(clean["run_dir"]) / "model.pt", weights_only=True)["model"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_diverging_run_is_recorded_and_exits_cleanly(prepared, tmp_path):
+    spec = spec_for(prepared, "mqar", "softmax", tmp_path, lr=1e6, grad_clip=0.0, steps=40, warmup_steps=0)
+    proc = _run_cli(spec)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    m = json.loads((Path(spec["run_dir"]) / "metrics.json").read_text())
+    assert m["status"] == "diverged" and m["diverged_at_step"] is not None
+    assert "recording the run as diverged" in err
+    ev = evaluate_run(spec["run_dir"])
+    assert ev["status"] == "diverged" and ev["splits"] == {}
+
+
+def test_budget_solver_matches_the_target_width():
+    from seqmix.models.lm import CausalLM, LMConfig
+
+    def build(d, n):
+        return CausalLM(LMConfig(arch="softmax", vocab_size=1000, max_len=32, d_model=d, n_layers=n))
+
+    d, n, count = solve_budget(build, d_model=64, n_layers=2, params=200_000, width_step=16)
+    counts = {w: solve_budget(build, d_model=w, n_layers=2, params=None)[2] for w in (d - 16, d, d + 16)}
+    assert n == 2 and count == counts[d]
+    assert abs(count - 200_000) <= min(abs(counts[d - 16] - 200_000), abs(counts[d + 16] - 200_000))
