@@ -160,6 +160,14 @@ def cmd_geometry(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from seqmix.bench import kernels
+
+    # what == "kernels" (the only benchmark so far); without a GPU: interpreter smoke, exit 0
+    return kernels.run(args.lengths, Path(args.out) if args.out else None, args.batch, args.dtype,
+                       args.op)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m seqmix", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -211,6 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("geometry", cmd_geometry, "Plücker and plane geometry of Grassmann runs, TSSA compression term")
     sp.add_argument("--out", default="results/analysis/geometry.csv")
     sp.add_argument("--threads", type=int, default=None)
+
+    sp = add("bench", cmd_bench, "time Triton kernels vs references, SDPA and fla (GPU; CPU: smoke only)")
+    sp.add_argument("what", choices=["kernels"])
+    sp.add_argument("--lengths", type=int, nargs="+", default=None, help="L values (default 256..65536)")
+    sp.add_argument("--out", default=None, help="CSV path (default results/bench/kernels-<gpu>.csv)")
+    sp.add_argument("--batch", type=int, default=4)
+    sp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    sp.add_argument("--op", action="append", choices=["grassmann", "gla", "tssa", "attention"],
+                    help="benchmark only this op (repeatable)")
     return p
 
 

@@ -1,0 +1,406 @@
+"""Triton kernels vs their PyTorch references, SDPA attention and fla, over sequence length.
+
+``python -m seqmix bench kernels [--lengths 256 1024 ...] [--out results/bench/kernels-<gpu>.csv]``
+
+What is timed (the mixing cores only, no projections, batch ``--batch``, ``--dtype``):
+
+- ``grassmann``: z (B, L, r=32) -> g (B, L, d=256), offsets (1, 2, 4, 8, 12, 16), normalised
+  (the paper's sizes, REFERENCE.md §1.2); impls ``triton`` (kernels.grassmann) and
+  ``reference`` (mixers.grassmann.grassmann_mix_reference).
+- ``gla``: the GLA mixer's defaults at d=256 (4 heads, d_k = 32 and d_v = 64 per head, chunk
+  64); impls ``triton`` (kernels.gla.chunk_gla), ``reference``
+  (mixers.gla.gla_chunk_reference: the recurrent form is a Python loop over L) and ``fla``
+  (flash-linear-attention's chunk_gla, when ``import fla`` works).
+- ``tssa``: causal ToST at d=256, 4 heads (p = 64), denom_bias over L; ``triton`` and
+  ``reference`` (mixers.tssa.tssa_reference).
+- ``attention``: ``sdpa`` = F.scaled_dot_product_attention, causal, 4 heads of 64 (d=256),
+  the softmax core the others replace.
+
+Each op is timed forward (``fwd``) and forward+backward (``fwdbwd``) with
+triton.testing.do_bench (CUDA events, median), peak memory is
+torch.cuda.max_memory_allocated above what was live before the call.
+
+Byte model (``bytes_moved``, the least traffic the op needs: every input read once and
+every output written once, at the dtype's size): grassmann fwd z + W + b + g, bwd adds
+dg, z, W read and dz, dW, db written; gla fwd q, k, log α, v + o, bwd adds q, k, v, log α,
+do read and their four gradients written; tssa fwd w + y, bwd adds w, dy + dw; sdpa
+fwd q, k, v + o, bwd adds q, k, v, o, do + dq, dk, dv (sdpa is compute-bound; its
+bandwidth column is only for completeness). ``bandwidth_GBps`` = bytes_moved / time and
+``roofline_frac`` = that over the GPU's HBM bandwidth (table below; empty if unknown).
+
+Without a GPU the command takes no timings: it runs each kernel once under the Triton
+interpreter at a tiny size against its reference, says so, and exits 0 (1 if a kernel
+disagrees).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import importlib.metadata
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+FIELDS = ["op", "impl", "pass", "L", "batch", "d_model", "dtype", "time_ms", "peak_mem_bytes",
+          "bytes_moved", "bandwidth_GBps", "roofline_frac", "status", "device", "torch",
+          "triton", "fla"]
+DEFAULT_LENGTHS = [256 * 2**i for i in range(9)]  # 256 … 65536
+
+# HBM bandwidth in bytes/s by a substring of torch.cuda.get_device_name (first match wins).
+HBM_BYTES_PER_S = [
+    ("H200", 4.8e12),
+    ("H100 NVL", 3.9e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100", 3.35e12),  # SXM5
+    ("GH200", 4.0e12),
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100 80GB PCIe", 1.935e12),
+    ("A100", 1.555e12),  # 40 GB
+    ("L40S", 0.864e12),
+    ("L4", 0.3e12),
+    ("A10", 0.6e12),
+    ("RTX 4090", 1.008e12),
+    ("RTX 3090", 0.936e12),
+    ("V100", 0.9e12),
+]
+
+D_MODEL, N_HEADS = 256, 4
+GRASSMANN_RANK, GRASSMANN_OFFSETS = 32, (1, 2, 4, 8, 12, 16)
+GLA_DK, GLA_DV, GLA_CHUNK = 32, 64, 64  # per head: GLA defaults at d=256 (expand_k 0.5)
+TSSA_P = D_MODEL // N_HEADS
+
+
+def device_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def hbm_bandwidth(name: str) -> float | None:
+    for key, bw in HBM_BYTES_PER_S:
+        if key.lower() in name.lower():
+            return bw
+    return None
+
+
+def versions() -> dict[str, str]:
+    out = {"torch": torch.__version__}
+    for pkg, key in (("triton", "triton"), ("flash-linear-attention", "fla")):
+        try:
+            out[key] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[key] = ""
+    return out
+
+
+# -------------------------------------------------------------------------------------
+# The ops: each returns (inputs that take gradients, fn(*inputs) -> output, bytes model)
+# -------------------------------------------------------------------------------------
+
+
+def _nbytes(*shapes_and_dtype) -> int:
+    *shapes, dtype = shapes_and_dtype
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(size * int(torch.Size(s).numel()) for s in shapes)
+
+
+def grassmann_case(impl: str, B: int, L: int, dtype, device):
+    from seqmix.mixers.grassmann import grassmann_mix_reference
+
+    r, d = GRASSMANN_RANK, D_MODEL
+    C = r * (r - 1) // 2
+    z = torch.randn(B, L, r, device=device, dtype=dtype, requires_grad=True)
+    W = (torch.randn(d, C, device=device, dtype=dtype) / r).requires_grad_()
+    b = torch.zeros(d, device=device, dtype=dtype, requires_grad=True)
+    if impl == "triton":
+        from seqmix.kernels.grassmann import grassmann_mix as fn
+    else:
+        fn = grassmann_mix_reference
+    fwd = _nbytes((B, L, r), (d, C), (d,), (B, L, d), dtype)
+    bwd = _nbytes((B, L, d), (B, L, r), (d, C), (B, L, r), (d, C), (d,), dtype)
+    return [z, W, b], lambda z, W, b: fn(z, W, b, GRASSMANN_OFFSETS, True, 1e-6), (fwd, bwd)
+
+
+def _fla_chunk_gla():
+    """fla's chunk_gla as f(q, k, v, log_alpha) on (B, H, L, ·) tensors, or None."""
+    try:
+        from fla.ops.gla import chunk_gla as fla_chunk_gla
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return None
+    params = inspect.signature(fla_chunk_gla).parameters
+
+    def run(q, k, v, g):
+        if "head_first" in params:  # older fla: (B, H, T, K) when head_first=True
+            out = fla_chunk_gla(q, k, v, g, scale=1.0, head_first=True)
+        else:  # current fla: (B, T, H, K)
+            t = lambda x: x.transpose(1, 2)  # noqa: E731
+            out = fla_chunk_gla(t(q), t(k), t(v), t(g), scale=1.0)
+            out = (t(out[0]),) + tuple(out[1:]) if isinstance(out, tuple) else t(out)
+        return out[0] if isinstance(out, tuple) else out
+
+    return run
+
+
+def gla_case(impl: str, B: int, L: int, dtype, device):
+    from seqmix.mixers.gla import gla_chunk_reference
+
+    H, K, V = N_HEADS, GLA_DK, GLA_DV
+    q = (torch.randn(B, H, L, K, device=device, dtype=dtype) * K**-0.5).requires_grad_()
+    k = torch.randn(B, H, L, K, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, H, L, V, device=device, dtype=dtype, requires_grad=True)
+    la = (torch.nn.functional.logsigmoid(torch.randn(B, H, L, K, device=device)) / 16)
+    la = la.to(dtype).requires_grad_()
+    if impl == "triton":
+        from seqmix.kernels.gla import chunk_gla
+
+        fn = lambda q, k, v, la: chunk_gla(q, k, v, la, GLA_CHUNK)  # noqa: E731
+    elif impl == "fla":
+        fn = _fla_chunk_gla()
+        if fn is None:
+            return None
+    else:
+        fn = lambda q, k, v, la: gla_chunk_reference(q, k, v, la, GLA_CHUNK)  # noqa: E731
+    fwd = _nbytes((B, H, L, K), (B, H, L, K), (B, H, L, K), (B, H, L, V), (B, H, L, V), dtype)
+    bwd = 2 * _nbytes((B, H, L, K), (B, H, L, K), (B, H, L, K), (B, H, L, V), dtype) + _nbytes(
+        (B, H, L, V), dtype)
+    return [q, k, v, la], fn, (fwd, bwd)
+
+
+def tssa_case(impl: str, B: int, L: int, dtype, device):
+    from seqmix.mixers.tssa import tssa_reference
+
+    H, P = N_HEADS, TSSA_P
+    w = torch.randn(B, H, L, P, device=device, dtype=dtype, requires_grad=True)
+    temp = torch.ones(H, device=device, dtype=dtype, requires_grad=True)
+    bias = torch.zeros(H, L, 1, device=device, dtype=dtype, requires_grad=True)
+    if impl == "triton":
+        from seqmix.kernels.tssa import tssa as fn
+    else:
+        fn = tssa_reference
+    fwd = _nbytes((B, H, L, P), (B, H, L, P), dtype)
+    bwd = _nbytes((B, H, L, P), (B, H, L, P), (B, H, L, P), dtype)
+    return [w, temp, bias], lambda w, t, b: fn(w, t, b, True), (fwd, bwd)
+
+
+def sdpa_case(impl: str, B: int, L: int, dtype, device):
+    H, Dh = N_HEADS, D_MODEL // N_HEADS
+    q, k, v = (torch.randn(B, H, L, Dh, device=device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    fn = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    fwd = _nbytes(*[(B, H, L, Dh)] * 4, dtype)
+    bwd = _nbytes(*[(B, H, L, Dh)] * 8, dtype)
+    return [q, k, v], fn, (fwd, bwd)
+
+
+CASES: list[tuple[str, str, Callable]] = [
+    ("grassmann", "triton", grassmann_case),
+    ("grassmann", "reference", grassmann_case),
+    ("gla", "triton", gla_case),
+    ("gla", "fla", gla_case),
+    ("gla", "reference", gla_case),
+    ("tssa", "triton", tssa_case),
+    ("tssa", "reference", tssa_case),
+    ("attention", "sdpa", sdpa_case),
+]
+
+
+# -------------------------------------------------------------------------------------
+# Measurement
+# -------------------------------------------------------------------------------------
+
+
+def _peak_bytes(fn: Callable[[], None], device) -> int:
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - base)
+
+
+def measure(op: str, impl: str, case: Callable, B: int, L: int, dtype, device, hbm: float | None,
+            warmup_ms: int = 25, rep_ms: int = 100) -> list[dict]:
+    from triton.testing import do_bench
+
+    base = {"op": op, "impl": impl, "L": L, "batch": B, "d_model": D_MODEL,
+            "dtype": str(dtype).replace("torch.", "")}
+    try:
+        built = case(impl, B, L, dtype, device)
+        if built is None:
+            return []  # implementation not installed (fla)
+        inputs, fn, (fwd_bytes, bwd_bytes) = built
+        with torch.no_grad():
+            dy = torch.randn_like(fn(*inputs))
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return [{**base, "pass": p, "status": "oom"} for p in ("fwd", "fwdbwd")]
+
+    def forward():
+        with torch.no_grad():
+            fn(*inputs)
+
+    def forward_backward():
+        fn(*inputs).backward(dy)
+
+    rows = []
+    for name, run, nbytes in (("fwd", forward, fwd_bytes), ("fwdbwd", forward_backward,
+                                                             fwd_bytes + bwd_bytes)):
+        row = {**base, "pass": name, "bytes_moved": nbytes}
+        try:
+            row["peak_mem_bytes"] = _peak_bytes(run, device)
+            ms = do_bench(run, warmup=warmup_ms, rep=rep_ms, grad_to_none=inputs,
+                          return_mode="median")
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            rows.append({**row, "status": "oom"})
+            continue
+        gbps = nbytes / (ms * 1e-3) / 1e9
+        row.update(time_ms=round(ms, 5), bandwidth_GBps=round(gbps, 2), status="ok",
+                   roofline_frac=round(gbps * 1e9 / hbm, 4) if hbm else "")
+        rows.append(row)
+    return rows  # the tensors die with this frame; the next case starts from a clean cache
+
+
+def _time(rows, op, impl, pass_, L):
+    for r in rows:
+        if (r["op"], r["impl"], r["pass"], r["L"], r["status"]) == (op, impl, pass_, L, "ok"):
+            return r["time_ms"]
+    return None
+
+
+def summarize(rows: list[dict]) -> list[str]:
+    """The ratios the targets name (benchmark figures, not tests)."""
+    lines = []
+    lengths = sorted({r["L"] for r in rows})
+    t_k = _time(rows, "grassmann", "triton", "fwdbwd", 4096)
+    t_r = _time(rows, "grassmann", "reference", "fwdbwd", 4096)
+    if t_k and t_r:
+        lines.append(f"grassmann fwd+bwd at L=4096: reference / triton = {t_r / t_k:.2f}x "
+                     "(target >= 5x)")
+    for L in lengths:
+        t_k = _time(rows, "grassmann", "triton", "fwdbwd", L)
+        t_a = _time(rows, "attention", "sdpa", "fwdbwd", L)
+        roof = [r.get("roofline_frac") for r in rows if (r["op"], r["impl"], r["pass"], r["L"])
+                == ("grassmann", "triton", "fwd", L) and r["status"] == "ok"]
+        if t_k and t_a:
+            lines.append(f"L={L:>6}: grassmann triton fwd+bwd {t_k:.3f} ms vs sdpa {t_a:.3f} ms "
+                         f"-> sdpa / grassmann = {t_a / t_k:.2f}x (target > 1 at L >= 2048); "
+                         f"grassmann fwd roofline {roof[0] if roof else '?'} (target >= 0.5)")
+        t_g = _time(rows, "gla", "triton", "fwdbwd", L)
+        t_f = _time(rows, "gla", "fla", "fwdbwd", L)
+        if t_g and t_f:
+            lines.append(f"L={L:>6}: gla triton / fla fwd+bwd = {t_g / t_f:.2f}x (target <= 1.25x)")
+    if not any(r["impl"] == "fla" for r in rows):
+        lines.append("fla (flash-linear-attention) does not import: no GLA comparison with it")
+    return lines
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+
+
+def run_gpu(lengths: list[int], out: Path | None, batch: int, dtype: torch.dtype,
+            ops: list[str] | None = None) -> Path:
+    device = torch.device("cuda")
+    name = torch.cuda.get_device_name(device)
+    hbm = hbm_bandwidth(name)
+    ver = versions()
+    out = out or Path("results/bench") / f"kernels-{device_slug(name)}.csv"
+    print(f"device: {name} (HBM {hbm / 1e12 if hbm else '?'} TB/s), torch {ver['torch']}, "
+          f"triton {ver['triton']}, fla {ver['fla'] or 'not installed'}; batch {batch}, {dtype}")
+    rows: list[dict] = []
+    for L in lengths:
+        for op, impl, case in CASES:
+            if ops and op not in ops:
+                continue
+            torch.manual_seed(0)
+            got = measure(op, impl, case, batch, L, dtype, device, hbm)
+            torch.cuda.empty_cache()
+            for r in got:
+                r.update(device=name, **ver)
+                print(f"  {op:>9} {impl:>9} {r['pass']:>6} L={L:>6}: "
+                      + (f"{r['time_ms']:.4f} ms, {r['peak_mem_bytes'] / 2**20:.1f} MiB, "
+                         f"{r['bandwidth_GBps']} GB/s" if r["status"] == "ok" else r["status"]))
+            rows.extend(got)
+        write_csv(out, rows)  # after every length: a long sweep keeps what it measured
+    print("\n".join(summarize(rows)))
+    print(f"wrote {len(rows)} rows to {out}")
+    return out
+
+
+# -------------------------------------------------------------------------------------
+# No GPU: an interpreter correctness smoke, no timings
+# -------------------------------------------------------------------------------------
+
+
+def _interpreted(name: str):
+    """seqmix.kernels.<name> with its kernels defined under TRITON_INTERPRET=1."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    mod = importlib.import_module(f"seqmix.kernels.{name}")
+    probe = {"grassmann": "_fwd_kernel", "gla": "_fwd_o_kernel", "tssa": "_causal_fwd_kernel"}[name]
+    if not isinstance(getattr(mod, probe), InterpretedFunction):
+        importlib.reload(sys.modules["seqmix.kernels._common"])
+        mod = importlib.reload(mod)
+    return mod
+
+
+def smoke_cpu() -> dict[str, float]:
+    """Each kernel once at a tiny size vs its reference, forward and backward: max rel. error."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    from seqmix.mixers.gla import gla_recurrent_reference
+    from seqmix.mixers.grassmann import grassmann_mix_reference
+    from seqmix.mixers.tssa import tssa_reference
+
+    gen = torch.Generator().manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=gen).requires_grad_()  # noqa: E731
+    gm, gl, ts = _interpreted("grassmann"), _interpreted("gla"), _interpreted("tssa")
+    offs = (1, 2, 5)
+    la = (torch.nn.functional.logsigmoid(torch.randn(1, 2, 19, 6, generator=gen))).requires_grad_()
+    cases = {
+        "grassmann": ([rnd(2, 19, 5), rnd(12, 10), rnd(12)],
+                      lambda z, W, b: gm.grassmann_mix(z, W, b, offs),
+                      lambda z, W, b: grassmann_mix_reference(z, W, b, offs)),
+        "gla": ([rnd(1, 2, 19, 6), rnd(1, 2, 19, 6), rnd(1, 2, 19, 5), la],
+                lambda *x: gl.chunk_gla(*x, chunk_size=16), gla_recurrent_reference),
+        "tssa": ([rnd(2, 3, 19, 5), rnd(3), rnd(3, 19, 1)],
+                 lambda w, t, b: ts.tssa(w, t, b, True), lambda w, t, b: tssa_reference(w, t, b, True)),
+    }
+    errors = {}
+    for name, (inputs, kern, ref) in cases.items():
+        out_k, out_r = kern(*inputs), ref(*inputs)
+        dy = torch.randn(out_r.shape, generator=gen)
+        got = [out_k, *torch.autograd.grad(out_k, inputs, dy)]
+        want = [out_r, *torch.autograd.grad(out_r, inputs, dy)]
+        errors[name] = max(((a - b).abs().max() / b.abs().max().clamp_min(1.0)).item()
+                           for a, b in zip(got, want))
+    return errors
+
+
+def run(lengths: list[int] | None = None, out: Path | None = None, batch: int = 4,
+        dtype: str = "bf16", ops: list[str] | None = None) -> int:
+    """Entry point of ``python -m seqmix bench kernels``; returns the exit status."""
+    if not torch.cuda.is_available():
+        print("no GPU: CUDA is not available, so no timings were taken and no CSV is written.")
+        print("Running each kernel once under the Triton interpreter against its reference "
+              "(forward and backward, fp32, tiny sizes):")
+        errors = smoke_cpu()
+        ok = True
+        for name, err in errors.items():
+            good = err < 1e-4
+            ok &= good
+            print(f"  {name}: {'ok' if good else 'MISMATCH'} (max relative error {err:.1e})")
+        return 0 if ok else 1
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    run_gpu(lengths or DEFAULT_LENGTHS, out, batch, torch_dtype, ops)
+    return 0

@@ -1,0 +1,284 @@
+"""Triton kernels against their PyTorch references, forward and backward, on the CPU.
+
+The kernels run under the Triton interpreter (numpy, exact fp32). ``TRITON_INTERPRET=1``
+must be set before any ``triton.jit`` function is defined, so it is set at the top of this
+module and the kernel modules are imported inside the tests through ``_kernel_module``
+(which re-imports a module that something else loaded in compiled mode). Setting it for the
+whole pytest process is harmless: nothing else runs Triton on the CPU.
+
+Tolerances (fp32): kernel and reference compute the same sums in different orders (tiles,
+closed-form backward, chunked scans), so they agree to a few ulps of the largest term:
+rtol 1e-4, atol 1e-5 × the reference's largest magnitude. A wrong index, mask or
+missing term is off by O(1) relative, orders of magnitude above that.
+Sizes are awkward on purpose (L = 1, L not a multiple of the 16-token interpreter tile,
+r, d_k, p not powers of two, offsets ≥ L and duplicated, B and H > 1) and tiny: the
+interpreter is slow.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before any triton.jit function is defined
+
+import importlib  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+
+from seqmix.mixers.gla import gla_recurrent_reference  # noqa: E402
+from seqmix.mixers.grassmann import grassmann_mix_reference, plucker  # noqa: E402
+from seqmix.mixers.tssa import tssa_reference  # noqa: E402
+
+
+def _kernel_module(name: str):
+    """seqmix.kernels.<name>, with its kernels defined under the interpreter."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    mod = importlib.import_module(f"seqmix.kernels.{name}")
+    probe = {"grassmann": "_fwd_kernel", "gla": "_fwd_o_kernel", "tssa": "_causal_fwd_kernel"}[name]
+    if not isinstance(getattr(mod, probe), InterpretedFunction):
+        importlib.reload(sys.modules["seqmix.kernels._common"])
+        mod = importlib.reload(mod)
+    return mod
+
+
+def _grads(out: torch.Tensor, inputs: list[torch.Tensor], grad_out: torch.Tensor):
+    # allow_unused: at L = 1 the reference never touches some inputs (zero gradient)
+    return torch.autograd.grad(out, inputs, grad_out, allow_unused=True, materialize_grads=True)
+
+
+def assert_matches(got, want, what: str, rtol: float = 1e-4, atol_rel: float = 1e-5):
+    scale = max(want.abs().max().item(), 1.0)
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol_rel * scale, msg=lambda m: f"{what}: {m}")
+
+
+def check(kernel_fn, ref_fn, inputs: list[torch.Tensor], names: list[str], seed: int = 0):
+    """Forward and the gradient of every input, kernel vs reference, for one random dy."""
+    out_k = kernel_fn(*inputs)
+    out_r = ref_fn(*inputs)
+    assert torch.isfinite(out_k).all()
+    assert_matches(out_k, out_r, "forward")
+    dy = torch.randn(out_r.shape, generator=torch.Generator().manual_seed(seed + 1))
+    for name, gk, gr in zip(names, _grads(out_k, inputs, dy), _grads(out_r, inputs, dy)):
+        assert torch.isfinite(gk).all(), name
+        assert_matches(gk, gr, f"d{name}")
+
+
+# --------------------------------------------------------------------------------------
+# Causal Grassmann (REFERENCE.md §1.2-1.3)
+# --------------------------------------------------------------------------------------
+
+GRASSMANN_CASES = [
+    # B, L, r, d, offsets, normalize, bias
+    (2, 37, 5, 20, (1, 2, 4, 40, 2), True, True),  # ragged L, dup offset, offset ≥ L
+    (1, 1, 7, 16, (1,), True, True),  # L = 1: no valid offset anywhere, g = 0
+    (3, 19, 7, 33, (1, 3, 3, 8), False, False),  # unnormalised, no bias, d ragged
+    (2, 18, 6, 17, (20, 30), True, True),  # every offset ≥ L
+]
+
+
+@pytest.mark.parametrize("B,L,r,d,offsets,normalize,bias", GRASSMANN_CASES)
+def test_grassmann_matches_reference(B, L, r, d, offsets, normalize, bias):
+    gm = _kernel_module("grassmann")
+    g = torch.Generator().manual_seed(L * 31 + r)
+    z = torch.randn(B, L, r, generator=g).requires_grad_()
+    W = (torch.randn(d, r * (r - 1) // 2, generator=g) / r).requires_grad_()
+    b = torch.randn(d, generator=g).requires_grad_() if bias else None
+    inputs, names = [z, W] + ([b] if bias else []), ["z", "W"] + (["b"] if bias else [])
+
+    def kern(z, W, b=None):
+        return gm.grassmann_mix(z, W, b, offsets, normalize, 1e-6)
+
+    def ref(z, W, b=None):
+        return grassmann_mix_reference(z, W, b, offsets, normalize, 1e-6)
+
+    check(kern, ref, inputs, names)
+    if min(offsets) >= L:
+        assert gm.grassmann_mix(z, W, b, offsets, normalize).abs().max() == 0
+
+
+def test_grassmann_norm_clamp_and_degenerate_pairs():
+    """‖p‖ < ε (clamped: no gradient through the norm) mixed with unclamped pairs, and
+    exactly parallel pairs (p = 0)."""
+    gm = _kernel_module("grassmann")
+    g = torch.Generator().manual_seed(7)
+    z = torch.randn(2, 21, 4, generator=g) * 0.7
+    z[:, 9] = 2.0 * z[:, 8]  # p(z_9, z_8) = 0 exactly
+    z = z.requires_grad_()
+    W = torch.randn(16, 6, generator=g).requires_grad_()
+    b = torch.randn(16, generator=g).requires_grad_()
+    offsets, eps = (1, 2), 0.3
+    with torch.no_grad():
+        nrm = torch.linalg.vector_norm(plucker(z[:, 1:], z[:, :-1]), dim=-1)
+    assert (nrm < eps).any() and (nrm > eps).any()  # both branches are exercised
+    check(lambda z, W, b: gm.grassmann_mix(z, W, b, offsets, True, eps),
+          lambda z, W, b: grassmann_mix_reference(z, W, b, offsets, True, eps),
+          [z, W, b], ["z", "W", "b"])
+
+
+def test_grassmann_rejects_noncausal_offsets():
+    gm = _kernel_module("grassmann")
+    z, W = torch.randn(1, 4, 3), torch.randn(5, 3)
+    with pytest.raises(ValueError, match="causal case only"):
+        gm.grassmann_mix(z, W, None, (1, -1))
+
+
+def test_grassmann_mixer_dispatches_to_kernel(monkeypatch):
+    """CausalGrassmann.mix calls the kernel when use_kernel says so (forced here on the CPU)."""
+    _kernel_module("grassmann")
+    from seqmix.mixers import build
+    from seqmix.mixers import grassmann as mod
+
+    torch.manual_seed(0)
+    mixer = build("grassmann", 16, rank=5, offsets=(1, 3))
+    x = torch.randn(2, 11, 16)
+    want = mixer(x)
+    calls = []
+    real = importlib.import_module("seqmix.kernels.grassmann").grassmann_mix
+    monkeypatch.setattr(mod, "use_kernel", lambda t: True)
+    monkeypatch.setattr("seqmix.kernels.grassmann.grassmann_mix",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = mixer(x)
+    assert calls, "the mixer did not call the kernel"
+    assert_matches(got, want, "mixer output")
+
+
+@pytest.mark.slow
+def test_grassmann_paper_rank():
+    """r = 32 (C = 496 over several C tiles), the paper's offsets; ~30 s in the interpreter."""
+    gm = _kernel_module("grassmann")
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(2, 50, 32, generator=g).requires_grad_()
+    W = (torch.randn(64, 496, generator=g) / 32).requires_grad_()
+    b = torch.randn(64, generator=g).requires_grad_()
+    offs = (1, 2, 4, 8, 12, 16)
+    check(lambda z, W, b: gm.grassmann_mix(z, W, b, offs),
+          lambda z, W, b: grassmann_mix_reference(z, W, b, offs), [z, W, b], ["z", "W", "b"])
+
+
+# --------------------------------------------------------------------------------------
+# Chunked GLA (REFERENCE.md §5.1)
+# --------------------------------------------------------------------------------------
+
+GLA_CASES = [
+    # B, H, L, Dk, Dv, chunk, gate scale (0: plain linear attention)
+    (2, 2, 21, 9, 6, 16, 1.0),  # two chunks, ragged tail, Dk and Dv not powers of two
+    (1, 1, 1, 5, 3, 16, 1.0),  # L = 1
+    (1, 1, 45, 20, 18, 32, 1.0),  # 2 sub-chunks per chunk, Dk and Dv over two tiles
+    (1, 2, 33, 7, 5, 16, 0.0),  # gate-free: causal linear attention
+    (1, 1, 40, 6, 4, 32, 8.0),  # strong decay (log α down to ~ -16 per step)
+]
+
+
+@pytest.mark.parametrize("B,H,L,Dk,Dv,chunk,gate", GLA_CASES)
+def test_chunk_gla_matches_recurrence(B, H, L, Dk, Dv, chunk, gate):
+    gla = _kernel_module("gla")
+    g = torch.Generator().manual_seed(L * 7 + Dk)
+    q = (torch.randn(B, H, L, Dk, generator=g) * Dk**-0.5).requires_grad_()
+    k = torch.randn(B, H, L, Dk, generator=g).requires_grad_()
+    v = torch.randn(B, H, L, Dv, generator=g).requires_grad_()
+    la = (F.logsigmoid(2 * torch.randn(B, H, L, Dk, generator=g)) * gate).requires_grad_()
+    check(lambda q, k, v, la: gla.chunk_gla(q, k, v, la, chunk_size=chunk),
+          gla_recurrent_reference, [q, k, v, la], ["q", "k", "v", "log_alpha"])
+
+
+def test_chunk_gla_rejects_bad_chunk():
+    gla = _kernel_module("gla")
+    x = torch.randn(1, 1, 4, 4)
+    with pytest.raises(ValueError, match="power of two"):
+        gla.chunk_gla(x, x, x, x, chunk_size=24)
+
+
+# --------------------------------------------------------------------------------------
+# TSSA (REFERENCE.md §2.2, §2.3)
+# --------------------------------------------------------------------------------------
+
+TSSA_CASES = [
+    # B, H, L, p, causal
+    (2, 3, 37, 5, True),  # ragged L, 3 heads (padded to 4), p = 5
+    (1, 2, 1, 7, True),  # L = 1
+    (2, 3, 37, 5, False),
+    (1, 1, 1, 4, False),  # one head (Π = 1), one token
+]
+
+
+@pytest.mark.parametrize("B,H,L,p,causal", TSSA_CASES)
+def test_tssa_matches_reference(B, H, L, p, causal):
+    tm = _kernel_module("tssa")
+    g = torch.Generator().manual_seed(L * 5 + p)
+    w = torch.randn(B, H, L, p, generator=g).requires_grad_()
+    temp = (torch.rand(H, generator=g) + 0.5).requires_grad_()
+    if causal:
+        db = (0.3 * torch.randn(H, L + 3, 1, generator=g)).requires_grad_()  # L_max > L
+        check(lambda w, t, d: tm.tssa(w, t, d, True), lambda w, t, d: tssa_reference(w, t, d, True),
+              [w, temp, db], ["w", "temp", "denom_bias"])
+    else:
+        check(lambda w, t: tm.tssa(w, t, None, False), lambda w, t: tssa_reference(w, t, None, False),
+              [w, temp], ["w", "temp"])
+
+
+def test_tssa_without_bias_and_zero_column():
+    """Causal with denom_bias None = a zero table; non-causal with an all-zero feature
+    column (F.normalize's clamp: no gradient through that column's norm)."""
+    tm = _kernel_module("tssa")
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(2, 2, 19, 3, generator=g)
+    temp = torch.tensor([0.7, 1.3])
+    assert_matches(tm.tssa(w, temp, None, True), tssa_reference(w, temp, torch.zeros(2, 19, 1), True),
+                   "causal, no bias")
+    w[:, 1, :, 2] = 0.0
+    w = w.requires_grad_()
+    temp = temp.clone().requires_grad_()
+    check(lambda w, t: tm.tssa(w, t, None, False), lambda w, t: tssa_reference(w, t, None, False),
+          [w, temp], ["w", "temp"])
+
+
+# --------------------------------------------------------------------------------------
+# The benchmark command without a GPU
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-GPU path of the command")
+def test_bench_kernels_cpu_smoke(tmp_path, capsys):
+    from seqmix.cli import main
+
+    out = tmp_path / "kernels.csv"
+    assert main(["bench", "kernels", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "no GPU" in text and "no timings" in text
+    for name in ("grassmann", "gla", "tssa"):
+        assert f"{name}: ok" in text
+    assert not out.exists()  # no timings, no CSV
+
+
+def test_bench_cases_and_summary_without_gpu():
+    """The benchmark's op builders run (reference impls, on the CPU) and its byte model and
+    target ratios are computed from rows as documented."""
+    from seqmix.bench import kernels as bench
+
+    for _op, impl, case in bench.CASES:
+        if impl in ("triton", "fla"):
+            continue  # the kernels are covered above; fla is optional
+        inputs, fn, (fwd_bytes, bwd_bytes) = case(impl, 1, 20, torch.float32, torch.device("cpu"))
+        fn(*inputs).sum().backward()
+        assert inputs[0].grad is not None and 0 < fwd_bytes < bwd_bytes  # bwd moves more
+    # grassmann fwd: z + W + b read, g written, fp32
+    _, _, (fwd_bytes, _) = bench.grassmann_case("reference", 2, 8, torch.float32, "cpu")
+    assert fwd_bytes == 4 * (2 * 8 * 32 + 256 * 496 + 256 + 2 * 8 * 256)
+    assert bench.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert bench.hbm_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert bench.hbm_bandwidth("NVIDIA H100 PCIe") == 2.0e12
+    row = lambda op, impl, p, L, t: {"op": op, "impl": impl, "pass": p, "L": L, "time_ms": t,  # noqa: E731
+                                     "status": "ok", "roofline_frac": 0.6}
+    rows = [row("grassmann", "triton", "fwdbwd", 4096, 1.0), row("grassmann", "reference", "fwdbwd", 4096, 6.0),
+            row("attention", "sdpa", "fwdbwd", 4096, 2.0), row("grassmann", "triton", "fwd", 4096, 0.4),
+            row("gla", "triton", "fwdbwd", 4096, 1.1), row("gla", "fla", "fwdbwd", 4096, 1.0)]
+    text = "\n".join(bench.summarize(rows))
+    assert "reference / triton = 6.00x" in text
+    assert "sdpa / grassmann = 2.00x" in text and "roofline 0.6" in text
+    assert "gla triton / fla fwd+bwd = 1.10x" in text
