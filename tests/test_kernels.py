@@ -128,26 +128,6 @@ def test_grassmann_rejects_noncausal_offsets():
         gm.grassmann_mix(z, W, None, (1, -1))
 
 
-def test_grassmann_mixer_dispatches_to_kernel(monkeypatch):
-    """CausalGrassmann.mix calls the kernel when use_kernel says so (forced here on the CPU)."""
-    _kernel_module("grassmann")
-    from seqmix.mixers import build
-    from seqmix.mixers import grassmann as mod
-
-    torch.manual_seed(0)
-    mixer = build("grassmann", 16, rank=5, offsets=(1, 3))
-    x = torch.randn(2, 11, 16)
-    want = mixer(x)
-    calls = []
-    real = importlib.import_module("seqmix.kernels.grassmann").grassmann_mix
-    monkeypatch.setattr(mod, "use_kernel", lambda t: True)
-    monkeypatch.setattr("seqmix.kernels.grassmann.grassmann_mix",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    got = mixer(x)
-    assert calls, "the mixer did not call the kernel"
-    assert_matches(got, want, "mixer output")
-
-
 @pytest.mark.slow
 def test_grassmann_paper_rank():
     """r = 32 (C = 496 over several C tiles), the paper's offsets; ~30 s in the interpreter."""
@@ -236,6 +216,38 @@ def test_tssa_without_bias_and_zero_column():
     temp = temp.clone().requires_grad_()
     check(lambda w, t: tm.tssa(w, t, None, False), lambda w, t: tssa_reference(w, t, None, False),
           [w, temp], ["w", "temp"])
+
+
+# --------------------------------------------------------------------------------------
+# The mixers' dispatch (use_kernel forced on the CPU) gives the reference's output and grads
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch,causal,options", [
+    ("grassmann", True, {"rank": 5, "offsets": (1, 3, 3)}),
+    ("gla", True, {"n_heads": 2, "chunk_size": 16}),
+    ("tssa", True, {"n_heads": 3}),
+    ("tssa", False, {"n_heads": 3}),
+])
+def test_mixer_dispatch_matches_reference(arch, causal, options, monkeypatch):
+    _kernel_module(arch)  # kernels module of the same name, under the interpreter
+    from seqmix.mixers import build
+
+    mixer_module = importlib.import_module(f"seqmix.mixers.{arch}")
+    torch.manual_seed(0)
+    mixer = build(arch, 24, causal=causal, max_len=32, **options)
+    x = torch.randn(2, 19, 24, requires_grad=True)
+    dy = torch.randn(2, 19, 24)
+    params = [x] + [p for p in mixer.parameters()]
+    want = mixer(x)
+    want_grads = _grads(want, params, dy)
+    calls = []
+    monkeypatch.setattr(mixer_module, "use_kernel", lambda t: calls.append(t) is None)  # True
+    got = mixer(x)
+    assert calls, f"{arch} never asked use_kernel"
+    assert_matches(got, want, f"{arch} output")
+    for i, (g, w) in enumerate(zip(_grads(got, params, dy), want_grads)):
+        assert_matches(g, w, f"{arch} grad {i}")
 
 
 # --------------------------------------------------------------------------------------
