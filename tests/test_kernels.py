@@ -219,6 +219,40 @@ def test_tssa_without_bias_and_zero_column():
 
 
 # --------------------------------------------------------------------------------------
+# 16-bit inputs (the AMP path): fp16, since the interpreter's numpy has no bf16
+# --------------------------------------------------------------------------------------
+
+
+def test_half_precision_inputs_against_fp32_reference():
+    """Kernels take fp16 inputs, return fp16 outputs and gradients, and stay within fp16
+    rounding of the fp32 reference evaluated on the same (fp16-representable) values: unit
+    roundoff 4.9e-4, forward tolerance 4e-3 of the largest value; gradients 1e-2, because
+    the backward's matmul operands (dg, dA, decayed q/k) are rounded to fp16 once more."""
+    gm, gl, ts = _kernel_module("grassmann"), _kernel_module("gla"), _kernel_module("tssa")
+    g = torch.Generator().manual_seed(5)
+    rnd = lambda *s, scale=1.0: (scale * torch.randn(*s, generator=g)).half().float()  # noqa: E731
+    cases = [
+        ([rnd(2, 21, 5), rnd(12, 10, scale=0.2), rnd(12)], lambda z, W, b: gm.grassmann_mix(z, W, b, (1, 2)),
+         lambda z, W, b: grassmann_mix_reference(z, W, b, (1, 2))),
+        ([rnd(1, 2, 21, 6, scale=0.4), rnd(1, 2, 21, 6), rnd(1, 2, 21, 5),
+          F.logsigmoid(rnd(1, 2, 21, 6)).half().float()],
+         lambda *x: gl.chunk_gla(*x, chunk_size=16), gla_recurrent_reference),
+        ([rnd(2, 3, 21, 5), rnd(3).abs() + 0.5, rnd(3, 21, 1, scale=0.3)],
+         lambda w, t, b: ts.tssa(w, t, b, True), lambda w, t, b: tssa_reference(w, t, b, True)),
+    ]
+    for inputs, kern, ref in cases:
+        half = [t.half().requires_grad_() for t in inputs]
+        full = [t.clone().requires_grad_() for t in inputs]
+        out_h, out_f = kern(*half), ref(*full)
+        assert out_h.dtype == torch.float16
+        assert_matches(out_h.float(), out_f, "fp16 forward", rtol=4e-3, atol_rel=4e-3)
+        dy = torch.randn(out_f.shape, generator=g).half()
+        for gh, gf in zip(_grads(out_h, half, dy), _grads(out_f, full, dy.float())):
+            assert gh.dtype == torch.float16
+            assert_matches(gh.float(), gf, "fp16 gradient", rtol=1e-2, atol_rel=1e-2)
+
+
+# --------------------------------------------------------------------------------------
 # The mixers' dispatch (use_kernel forced on the CPU) gives the reference's output and grads
 # --------------------------------------------------------------------------------------
 
