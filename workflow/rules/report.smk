@@ -1,5 +1,7 @@
 # Report: each notebook (papermill) writes its figures and tables; latexmk builds the PDF.
 # Any figure or table is a target of its own: `snakemake --cores all paper/figures/<name>.pdf`.
+import shlex
+
 import yaml
 
 with open(SRC / "notebooks" / "outputs.yaml") as _f:
@@ -16,9 +18,21 @@ def notebook_inputs(name):
     for item in NOTEBOOKS[name]["inputs"]:
         if item.startswith("runs:"):
             files += all_runs(item.removeprefix("runs:"))
+        elif item.startswith("src:"):
+            files.append(str(SRC / item.removeprefix("src:")))
+        elif item.startswith("bench:"):
+            # Committed GPU benchmark CSVs (results/bench/), read when present.
+            files += sorted(str(p) for p in (SRC / "results" / "bench").glob(item.removeprefix("bench:")))
         else:
             files.append(f"{RESULTS}/{item}")
     return files
+
+
+def notebook_params(name):
+    params = {"results_dir": RESULTS, "paper_dir": "paper"}
+    for key, value in NOTEBOOKS[name].get("params", {}).items():
+        params[key] = str(SRC / value.removeprefix("src:")) if value.startswith("src:") else value
+    return " ".join(f"-p {k} {shlex.quote(v)}" for k, v in params.items())
 
 
 for _name in NOTEBOOKS:
@@ -33,14 +47,14 @@ for _name in NOTEBOOKS:
             outputs=notebook_outputs(_name),
             executed=f"{RESULTS}/notebooks/{_name}.ipynb",
         params:
-            results=RESULTS,
+            papermill=notebook_params(_name),
         log:
             f"{RESULTS}/logs/notebooks/{_name}.log",
         conda:
             "../../envs/seqmix.yaml"
         shell:
             "papermill --log-output -k python3 {input.notebook} {output.executed} "
-            "-p results_dir {params.results} -p paper_dir paper > {log} 2>&1"
+            "{params.papermill} > {log} 2>&1"
 
 
 REPORT_SOURCES = [str(p) for p in sorted((SRC / "paper").glob("*.tex"))] + [

@@ -1,0 +1,287 @@
+"""The claims table: each claim of paper/claims.yaml evaluated against this pipeline's
+results files, with our value ± 95% CI, what it was measured on, and a verdict:
+
+- ``agrees`` / ``disagrees``: the measurement meets / misses the claim's ``agree_if``;
+- ``not testable``: the runs do not reach the scale the claim is about (``requires``), or
+  the architecture was not run; the reason is given. Our value is still shown.
+
+Everything here reads results files (runs.csv, complexity_fit.csv, sparsity.csv,
+sparsity_analytic.csv); nothing is trained or timed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from seqmix.report.latex import mean_ci
+
+KINDS = ("relative_gap", "accuracy_difference", "metric_threshold", "complexity_exponent",
+         "su_closed_form", "measured_sparsity")
+REQUIRED_KEYS = {"id", "claim", "source", "reported", "kind", "unit", "agree_if", "requires"}
+VERDICTS = ("agrees", "disagrees", "not testable")
+
+
+class ClaimsError(ValueError):
+    """A malformed claims file; the message names the claim and the key."""
+
+
+@dataclasses.dataclass
+class ClaimResult:
+    id: str
+    claim: str
+    source: str
+    reported: str
+    ours: str  # our value ± CI, formatted
+    value: float  # the number agree_if is applied to (NaN when there is none)
+    measured_on: str
+    verdict: str
+    why: str
+
+
+def load_claims(path: str | Path) -> list[dict]:
+    claims = yaml.safe_load(Path(path).read_text())["claims"]
+    seen = set()
+    for c in claims:
+        missing = REQUIRED_KEYS - set(c)
+        cid = c.get("id", "<no id>")
+        if missing:
+            raise ClaimsError(f"{path}: claim {cid!r} lacks key(s) {', '.join(sorted(missing))}")
+        if c["kind"] not in KINDS:
+            raise ClaimsError(f"{path}: claim {cid!r} has kind {c['kind']!r}; allowed: {', '.join(KINDS)}")
+        if not set(c["agree_if"]) <= {"min", "max"}:
+            raise ClaimsError(f"{path}: claim {cid!r}: agree_if takes only min and max")
+        if cid in seen:
+            raise ClaimsError(f"{path}: claim id {cid!r} appears twice")
+        seen.add(cid)
+    return claims
+
+
+class Results:
+    """The results files of one profile, read once."""
+
+    def __init__(self, results_dir: str | Path):
+        self.dir = Path(results_dir)
+        self._cache: dict[str, pd.DataFrame | None] = {}
+
+    def table(self, rel: str) -> pd.DataFrame | None:
+        if rel not in self._cache:
+            p = self.dir / rel
+            self._cache[rel] = pd.read_csv(p) if p.exists() else None
+        return self._cache[rel]
+
+    @property
+    def runs(self) -> pd.DataFrame:
+        return self.table("summary/runs.csv")
+
+
+def within(value: float, agree_if: dict) -> bool:
+    return ("min" not in agree_if or value >= agree_if["min"]) and (
+        "max" not in agree_if or value <= agree_if["max"])
+
+
+def criterion(agree_if: dict) -> str:
+    parts = []
+    if "min" in agree_if:
+        parts.append(f"≥ {agree_if['min']:g}")
+    if "max" in agree_if:
+        parts.append(f"≤ {agree_if['max']:g}")
+    return " and ".join(parts)
+
+
+def _fmt(mean: float, half: float, digits: int = 3) -> str:
+    if math.isnan(mean):
+        return "--"
+    return f"{mean:.{digits}g}" if math.isnan(half) else f"{mean:.{digits}g} ± {half:.2g}"
+
+
+def _run_requirements(claim: dict, rows: pd.DataFrame) -> list[str]:
+    req, why = claim["requires"], []
+    if "backbone" in req:
+        why.append(f"needs {req['backbone']}")
+    if "min_params" in req and rows.params.min() < req["min_params"]:
+        why.append(f"measured at {rows.params.min() / 1e6:.2f}M parameters, the claim is about "
+                   f"≥ {req['min_params'] / 1e6:.0f}M")
+    if "min_steps" in req and rows.steps_completed.min() < req["min_steps"]:
+        why.append(f"trained {int(rows.steps_completed.min()):,} steps, the claim needs ≥ {req['min_steps']:,}")
+    if req.get("complete_train_data") and not rows.train_complete.astype(bool).all():
+        why.append(f"trained on {rows.train_data.iloc[0]}, not the full training split")
+    return why
+
+
+def _run_scale(rows: pd.DataFrame) -> str:
+    r = rows.iloc[0]
+    seeds = rows.seed.nunique()
+    return (f"{r.task}: {rows.params.min() / 1e6:.2f}--{rows.params.max() / 1e6:.2f}M params, "
+            f"{int(r.steps_planned):,} steps, {seeds} seed{'s' if seeds != 1 else ''}; train: {r.train_data}")
+
+
+def _metric_rows(res: Results, claim: dict, arch: str) -> pd.DataFrame:
+    runs = res.runs
+    return runs[(runs.task == claim["task"]) & (runs.arch == arch) & (runs.status == "ok")]
+
+
+def _paired(res: Results, claim: dict, op) -> tuple[list[float], pd.DataFrame]:
+    col = "eval_value" if claim.get("split", "test") == "eval" else "test_value"
+    a = _metric_rows(res, claim, claim["arch"]).set_index("seed")
+    b = _metric_rows(res, claim, claim["baseline"]).set_index("seed")
+    seeds = sorted(set(a.index) & set(b.index))
+    values = [op(a.loc[s, col], b.loc[s, col]) for s in seeds]
+    return values, pd.concat([a.loc[seeds], b.loc[seeds]]).reset_index()
+
+
+def _not_run(res: Results, claim: dict, archs: list[str]) -> str | None:
+    if res.runs is None:
+        return "no training results in this profile"
+    ran = set(res.runs[res.runs.task == claim["task"]].arch)
+    missing = [a for a in archs if a not in ran]
+    return f"{', '.join(missing)} not trained on {claim['task']} in this profile" if missing else None
+
+
+def eval_paired(res: Results, claim: dict) -> ClaimResult:
+    archs = [claim["arch"], claim["baseline"]]
+    if (missing := _not_run(res, claim, archs)):
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", missing)
+    if claim["kind"] == "relative_gap":
+        values, rows = _paired(res, claim, lambda x, y: 100.0 * (x / y - 1.0))
+    else:
+        values, rows = _paired(res, claim, lambda x, y: x - y)
+    mean, half, n = mean_ci(values)
+    if n == 0:
+        return _result(claim, mean, half, _run_scale(rows) if len(rows) else "--", "not testable",
+                       "no seed finished for both architectures")
+    return _decide(claim, mean, half, _run_scale(rows), _run_requirements(claim, rows))
+
+
+def eval_threshold(res: Results, claim: dict) -> ClaimResult:
+    if (missing := _not_run(res, claim, [claim["arch"]])):
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", missing)
+    rows = _metric_rows(res, claim, claim["arch"])
+    col = "eval_value" if claim.get("split", "test") == "eval" else "test_value"
+    mean, half, _ = mean_ci(rows[col])
+    return _decide(claim, mean, half, _run_scale(rows), _run_requirements(claim, rows))
+
+
+def eval_complexity(res: Results, claim: dict) -> ClaimResult:
+    fits = res.table("analysis/complexity_fit.csv")
+    archs = claim["arch"] if isinstance(claim["arch"], list) else [claim["arch"]]
+    if fits is None:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", "no complexity measurement")
+    parts, failures, short, values = [], [], [], []
+    for arch in archs:
+        for measure in claim["measures"]:
+            f = fits[(fits.arch == arch) & (fits.measure == measure)]
+            if f.empty:
+                short.append(f"{arch} not measured")
+                continue
+            f = f.iloc[0]
+            half = (f.ci_high - f.ci_low) / 2
+            label = {"fwdbwd_ms": "time", "fwd_ms": "fwd time", "peak_fwdbwd_bytes": "memory"}.get(measure, measure)
+            parts.append(f"{arch} {label} {f.slope:.2f} ± {half:.2f}")
+            values.append(f.slope)
+            if f.max_len < claim["requires"].get("min_length", 0):
+                short.append(f"{arch} measured only up to L = {int(f.max_len)}")
+            if not within(f.slope, claim["agree_if"]):
+                failures.append(f"{arch} {label} exponent {f.slope:.2f}")
+    f0 = fits[fits.arch.isin(archs)]
+    on = (f"one layer on {f0.device.iloc[0]}, fit over L = {int(f0.min_len.min())}--{int(f0.max_len.max())}"
+          if len(f0) else "--")
+    value = max(values) if values else float("nan")
+    if short or not values:
+        return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], "; ".join(parts) or "--",
+                           value, on, "not testable", "; ".join(short) or "not measured")
+    verdict = "disagrees" if failures else "agrees"
+    why = (f"outside {criterion(claim['agree_if'])}: " + ", ".join(failures)) if failures else \
+        f"every exponent {criterion(claim['agree_if'])}"
+    return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], "; ".join(parts),
+                       value, on, verdict, why)
+
+
+def eval_su(res: Results, claim: dict) -> ClaimResult:
+    from seqmix.analysis.su import closed_form
+
+    table = res.table("analysis/sparsity_analytic.csv")
+    if table is None:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", "no analytic sparsity table")
+    k = table[table.kernel == claim["kernel"]]
+    closed = k[k.method == "closed_form"]
+    if claim["statistic"] == "min":
+        value = closed.S.min()
+    else:  # at_beta_zero
+        value = closed.loc[(closed.beta.abs() == closed.beta.abs().min()), "S"].mean()
+    mc = k[k.method == "monte_carlo"]
+    mc = mc[mc.n == mc.n.max()] if len(mc) else mc
+    z = [abs(r.S - closed_form(claim["kernel"], r.beta, r.gamma)) / r.S_se for r in mc.itertuples() if r.S_se > 0]
+    grid = f"{closed.beta.nunique()} × {closed.gamma.nunique()} (β, γ) grid"
+    on = f"closed form on a {grid}" + (f"; Monte Carlo at n = {int(mc.n.max()):,}" if len(mc) else "")
+    ours = f"{value:.4f}" + (f" (Monte Carlo within {max(z):.1f} SE)" if z else "")
+    if z and max(z) > 4:
+        return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], ours, value, on,
+                           "disagrees", f"Monte Carlo differs from the closed form by {max(z):.1f} standard errors")
+    verdict = "agrees" if within(value, claim["agree_if"]) else "disagrees"
+    return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], ours, value, on,
+                       verdict, f"{claim['unit']} {criterion(claim['agree_if'])}: {value:.4f}")
+
+
+def eval_measured_sparsity(res: Results, claim: dict) -> ClaimResult:
+    sp = res.table("analysis/sparsity.csv")
+    if sp is None or sp.empty:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", "no measured sparsity")
+    att = sp[(sp.kind == "attention") & (sp.task == claim["task"])]
+    per_seed = {a: att[att.arch == a].groupby("seed").S_mean.mean() for a in (claim["arch"], claim["baseline"])}
+    missing = [a for a, s in per_seed.items() if s.empty]
+    if missing:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable",
+                       f"no trained attention rows of {', '.join(missing)}")
+    seeds = sorted(set(per_seed[claim["arch"]].index) & set(per_seed[claim["baseline"]].index))
+    diffs = [per_seed[claim["arch"]][s] - per_seed[claim["baseline"]][s] for s in seeds]
+    mean, half, _ = mean_ci(diffs)
+    ref, _, _ = mean_ci(per_seed[claim["arch"]])
+    base, _, _ = mean_ci(per_seed[claim["baseline"]])
+    on = (f"{claim['task']} held-out rows, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}; "
+          f"S {claim['arch']} {ref:.3f}, {claim['baseline']} {base:.3f}")
+    why = []
+    limit = claim["requires"].get("max_reference_sparsity")
+    if limit is not None and ref > limit:
+        why.append(f"trained {claim['arch']} attention is still near-uniform (S = {ref:.3f} > {limit}): "
+                   "the models have not learned to attend at this scale")
+    return _decide(claim, mean, half, on, why)
+
+
+def _decide(claim: dict, mean: float, half: float, measured_on: str, unmet: list[str]) -> ClaimResult:
+    if unmet:
+        return _result(claim, mean, half, measured_on, "not testable", "; ".join(unmet))
+    if math.isnan(mean):
+        return _result(claim, mean, half, measured_on, "not testable", "no finished run")
+    ok = within(mean, claim["agree_if"])
+    why = f"{claim['unit']} {_fmt(mean, half)} {'meets' if ok else 'misses'} {criterion(claim['agree_if'])}"
+    return _result(claim, mean, half, measured_on, "agrees" if ok else "disagrees", why)
+
+
+def _result(claim, mean, half, measured_on, verdict, why) -> ClaimResult:
+    return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], _fmt(mean, half),
+                       float(mean), measured_on, verdict, why)
+
+
+EVALUATORS: dict[str, Any] = {
+    "relative_gap": eval_paired,
+    "accuracy_difference": eval_paired,
+    "metric_threshold": eval_threshold,
+    "complexity_exponent": eval_complexity,
+    "su_closed_form": eval_su,
+    "measured_sparsity": eval_measured_sparsity,
+}
+
+
+def evaluate_claims(claims_path: str | Path, results_dir: str | Path) -> pd.DataFrame:
+    res = Results(results_dir)
+    out = [EVALUATORS[c["kind"]](res, c) for c in load_claims(claims_path)]
+    return pd.DataFrame([dataclasses.asdict(r) for r in out])
+
+
+__all__ = ["ClaimResult", "ClaimsError", "VERDICTS", "evaluate_claims", "load_claims"]
