@@ -168,6 +168,31 @@ def cmd_bench(args) -> int:
                        args.op)
 
 
+def cmd_mixers(args) -> int:
+    """Every registered mixer with its flags and parameter count at one width."""
+    import dataclasses
+
+    import torch
+
+    from seqmix import mixers
+    from seqmix.models.budget import count_params
+
+    cfg_options = load_config(args.config).get("mixers", {}) if args.config_options else {}
+    print(f"{'mixer':<16}{'params':>10}  {'causal':<7}{'non-causal':<11}{'scores':<7}{'step':<5}options")
+    for name in mixers.names():
+        cls = mixers.mixer_class(name)
+        options = cfg_options.get(name, {})
+        with torch.device("meta"):
+            m = mixers.build(name, args.d_model, causal=cls.supports_causal, max_len=args.max_len, **options)
+        shown = {f.name: getattr(m.options, f.name) for f in dataclasses.fields(m.options)}
+        yes = lambda flag: "yes" if flag else "-"  # noqa: E731
+        print(f"{name:<16}{count_params(m):>10,}  {yes(cls.supports_causal):<7}{yes(cls.supports_noncausal):<11}"
+              f"{yes(cls.has_scores):<7}{yes(cls.has_step):<5}{shown}")
+    print(f"(one mixer layer at d_model={args.d_model}, max_len={args.max_len}; block norms and "
+          "feed-forward not included)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m seqmix", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -196,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", default="auto")
 
     add("runs", cmd_runs, "list the run directories the config trains")
+
+    sp = add("mixers", cmd_mixers, "list every registered mixer with its parameter count at one width")
+    sp.add_argument("--d-model", type=int, default=256)
+    sp.add_argument("--max-len", type=int, default=128)
+    sp.add_argument("--config-options", action="store_true", help="use the mixer options of --config")
 
     sp = add("collect", cmd_collect, "gather every run's metrics into one CSV")
     sp.add_argument("--out", default="results/summary/runs.csv")
