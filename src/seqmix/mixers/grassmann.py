@@ -103,6 +103,46 @@ def grassmann_mix_reference(
     return g * (count > 0).to(g.dtype)[:, None]
 
 
+def grassmann_mix_collapsed(
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    offsets: tuple[int, ...],
+    normalize: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """``grassmann_mix_reference`` with one Plücker product per position instead of one per
+    offset: the fast path on the CPU (the Triton kernel uses the same identity).
+
+    p(a, b) is linear in b, so mean_Δ p(z_t, z_{t-Δ}) / n_Δ(t) = p(z_t, c_t) with
+    c_t = mean_Δ z_{t-Δ} / n_Δ(t) and n_Δ(t) = max(‖p(z_t, z_{t-Δ})‖, ε). The norms come from
+    Lagrange's identity in its Gram-Schmidt form, ‖p(a, b)‖ = ‖a‖·‖b − (a·b/‖a‖²) a‖, which
+    needs O(r) work per offset and avoids the cancellation of ‖a‖²‖b‖² − (a·b)².
+    """
+    B, L, r = z.shape
+    c = torch.zeros_like(z)
+    count = z.new_zeros(L)
+    a_sq = (z * z).sum(-1, keepdim=True)  # ‖z_t‖², (B, L, 1)
+    for delta in offsets:
+        if abs(delta) >= L:
+            continue
+        if delta > 0:
+            cur, past, a2, pad = z[:, delta:], z[:, :-delta], a_sq[:, delta:], (0, 0, delta, 0)
+        else:
+            cur, past, a2, pad = z[:, :delta], z[:, -delta:], a_sq[:, :delta], (0, 0, 0, -delta)
+        if normalize:
+            # ‖p‖² = ‖a‖²·‖b_⊥‖², floored at ε² (= max(‖p‖, ε)², and keeps sqrt's gradient finite).
+            proj = (cur * past).sum(-1, keepdim=True) / a2.clamp_min(torch.finfo(z.dtype).tiny)
+            b_perp = past - proj * cur
+            norm = (a2 * (b_perp * b_perp).sum(-1, keepdim=True)).clamp_min(eps * eps).sqrt()
+            past = past / norm
+        c = c + F.pad(past, pad)
+        count = count + F.pad(torch.ones_like(cur[0, :, 0]), pad[2:])
+    p = plucker(z, c / count.clamp_min(1)[:, None])
+    g = F.linear(p, weight, bias)
+    return g * (count > 0).to(g.dtype)[:, None]
+
+
 class CausalGrassmann(Mixer):
     Options = GrassmannOptions
     has_step = True
@@ -128,7 +168,8 @@ class CausalGrassmann(Mixer):
         return o if self.causal else o + tuple(-d for d in o)
 
     def mix(self, z: torch.Tensor) -> torch.Tensor:
-        """g from z, through the fused kernel on GPU (causal only) or the reference."""
+        """g from z: the fused Triton kernel on a GPU (causal), else the collapsed PyTorch form;
+        both are tested against ``grassmann_mix_reference``."""
         o = self.options
         if self.causal and use_kernel(z):
             from seqmix.kernels.grassmann import grassmann_mix
@@ -136,7 +177,7 @@ class CausalGrassmann(Mixer):
             return grassmann_mix(
                 z, self.plucker_proj.weight, self.plucker_proj.bias, o.offsets, o.normalize, o.eps
             )
-        return grassmann_mix_reference(
+        return grassmann_mix_collapsed(
             z, self.plucker_proj.weight, self.plucker_proj.bias, self.signed_offsets(),
             o.normalize, o.eps,
         )
