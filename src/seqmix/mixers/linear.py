@@ -1,0 +1,169 @@
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"; REFERENCE.md §4.1).
+
+Softmax's similarity exp(qᵀk) is replaced by a kernel φ(q)ᵀφ(k) with φ = elu + 1 > 0, so
+the sum over keys factorises through a d_k × d_v state:
+
+    V'_i = φ(Q_i)ᵀ S_i / (φ(Q_i)ᵀ z_i + ε),   ε = 1e-6
+    causal:      S_i = Σ_{j≤i} φ(K_j) V_jᵀ,   z_i = Σ_{j≤i} φ(K_j)     (a prefix sum; `step`)
+    non-causal:  S = Σ_j φ(K_j) V_jᵀ,          z = Σ_j φ(K_j)
+
+Multi-head with Q/K/V/O projections with bias, like the softmax baseline (4 heads).
+
+The causal core ``causal_linear_attention`` is chunked (the form of fla's ``chunk`` ops):
+the sequence is cut into chunks of C tokens; inside a chunk the masked C × C product is
+computed directly, across chunks the state S, z is carried as a prefix sum of per-chunk
+sums. Memory is O(L·C + (L/C)·d_k·d_v), time O(L·C·d + L·d_k·d_v): linear in L, with no
+L × L tensor and no (L, d_k, d_v) cumulative sum. ``linear_attention_reference`` is the dense
+masked form it must equal (tests/test_zoo_attention.py); ``step`` is the recurrent form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seqmix.mixers.base import Mixer, linear_flops
+
+
+@dataclasses.dataclass
+class LinearOptions:
+    n_heads: int = 4
+    bias: bool = True
+    eps: float = 1e-6  # ε of the reference's denominator
+    chunk_size: int = 64  # C of the chunked causal form (a speed knob, not a model choice)
+
+    def __post_init__(self):
+        if self.chunk_size < 1:
+            raise ValueError(f"linear chunk_size must be >= 1, got {self.chunk_size}")
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """φ(x) = elu(x) + 1, positive everywhere (fast-transformers' ``elu_feature_map``)."""
+    return F.elu(x) + 1
+
+
+def linear_attention_reference(q, k, v, causal: bool, eps: float = 1e-6) -> torch.Tensor:
+    """The dense form: (A v) / (A 1 + ε) with A = q kᵀ (masked when causal).
+
+    q, k: (B, H, L, Dk) already feature-mapped (non-negative); v: (B, H, L, Dv).
+    O(L²) memory: the specification, for tests only.
+    """
+    A = q @ k.transpose(-1, -2)  # (B, H, L, L)
+    if causal:
+        A = A.tril()
+    return (A @ v) / (A.sum(-1, keepdim=True) + eps)
+
+
+def noncausal_linear_attention(q, k, v, eps: float = 1e-6) -> torch.Tensor:
+    """φ(Q) S / (φ(Q)·z + ε) with S = Σ_j k_j v_jᵀ, z = Σ_j k_j; (B, H, L, D) inputs."""
+    S = k.transpose(-1, -2) @ v  # (B, H, Dk, Dv)
+    z = k.sum(dim=-2)  # (B, H, Dk)
+    den = (q * z[..., None, :]).sum(-1, keepdim=True)  # (B, H, L, 1)
+    return (q @ S) / (den + eps)
+
+
+def causal_linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6, chunk_size: int = 64
+) -> torch.Tensor:
+    """Causal linear attention on feature-mapped inputs, chunked; O(L) time and memory.
+
+    q, k: (B, H, L, Dk) non-negative features; v: (B, H, L, Dv) -> (B, H, L, Dv).
+    out_i = q_i S_i / (q_i·z_i + ε), S_i = Σ_{j≤i} k_j v_jᵀ, z_i = Σ_{j≤i} k_j.
+    A Triton kernel may replace this function; ``linear_attention_reference`` is its spec.
+    """
+    B, H, L, Dk = q.shape
+    Dv = v.shape[-1]
+    C = min(chunk_size, L)
+    pad = (-L) % C
+    if pad:  # zero keys add nothing to S or z; the padded queries are dropped at the end
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    N = (L + pad) // C
+    q = q.reshape(B, H, N, C, Dk)
+    k = k.reshape(B, H, N, C, Dk)
+    v = v.reshape(B, H, N, C, Dv)
+
+    # State entering each chunk: exclusive prefix sum of the per-chunk sums (§4.1 S_i, z_i).
+    kv = k.transpose(-1, -2) @ v  # (B, H, N, Dk, Dv)
+    S = torch.cat([torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1]], dim=2).cumsum(dim=2)
+    ksum = k.sum(dim=-2)  # (B, H, N, Dk)
+    z = torch.cat([torch.zeros_like(ksum[:, :, :1]), ksum[:, :, :-1]], dim=2).cumsum(dim=2)
+
+    # Inside a chunk: the masked C × C scores (j ≤ i).
+    A = (q @ k.transpose(-1, -2)).tril()  # (B, H, N, C, C)
+    num = q @ S + A @ v  # (B, H, N, C, Dv)
+    den = (q * z[..., None, :]).sum(-1, keepdim=True) + A.sum(-1, keepdim=True)
+    out = num / (den + eps)
+    return out.reshape(B, H, N * C, Dv)[:, :, :L]
+
+
+class LinearAttention(Mixer):
+    Options = LinearOptions
+    has_scores = True
+    has_step = True
+
+    def __init__(self, d_model: int, options: LinearOptions, *, causal=True, max_len=None):
+        super().__init__(d_model, options, causal=causal, max_len=max_len)
+        if d_model % options.n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={options.n_heads}")
+        self.n_heads = options.n_heads
+        self.d_head = d_model // options.n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=options.bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=options.bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=options.bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=options.bias)
+
+    def _features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """φ(q), φ(k), v: (B, H, L, Dh) each."""
+        B, L, _ = x.shape
+        split = lambda t: t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+        return elu_feature_map(q), elu_feature_map(k), v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        q, k, v = self._features(x)
+        eps = self.options.eps
+        if self.causal:
+            y = causal_linear_attention(q, k, v, eps, self.options.chunk_size)
+        else:
+            y = noncausal_linear_attention(q, k, v, eps)
+        return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """φ(q) φ(k)ᵀ, zero above the diagonal when causal: (B, H, L, L)."""
+        q, k, _ = self._features(x)
+        A = q @ k.transpose(-1, -2)
+        return A.tril() if self.causal else A
+
+    # Recurrent form (§4.1): S ∈ R^{Dk×Dv} and z ∈ R^{Dk} per head.
+    def init_state(self, batch, device, dtype):
+        H, Dh = self.n_heads, self.d_head
+        S = torch.zeros(batch, H, Dh, Dh, device=device, dtype=dtype)
+        z = torch.zeros(batch, H, Dh, device=device, dtype=dtype)
+        return (S, z)
+
+    def step(self, x_t: torch.Tensor, state):
+        if not self.causal:
+            raise ValueError("step() needs a causal mixer")
+        S, z = state
+        q, k, v = (t[:, :, 0] for t in self._features(x_t[:, None, :]))  # (B, H, Dh)
+        S = S + k[..., :, None] * v[..., None, :]
+        z = z + k
+        num = (q[..., None, :] @ S)[..., 0, :]  # (B, H, Dv)
+        den = (q * z).sum(-1, keepdim=True) + self.options.eps
+        y = (num / den).reshape(x_t.shape[0], self.d_model)
+        return self.out_proj(y), (S, z)
+
+    def flops(self, seq_len: int) -> float:
+        L, d, Dh = seq_len, self.d_model, self.d_head
+        proj = 4 * linear_flops(L, d, d)
+        # Per head and token: k vᵀ into the state and q·S out of it (2·Dh·Dh each), and the
+        # normaliser q·z (2·Dh). The causal chunked form adds the masked intra-chunk q kᵀ and
+        # A v (2·C·Dh each, about half of it masked).
+        per_token = 4.0 * Dh * Dh + 2.0 * Dh
+        if self.causal:
+            per_token += 2.0 * min(self.options.chunk_size, L) * Dh
+        return proj + L * self.n_heads * per_token

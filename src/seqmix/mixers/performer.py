@@ -1,0 +1,335 @@
+"""Performer / FAVOR+ (Choromanski et al. 2021; REFERENCE.md §4.2).
+
+Softmax attention's kernel exp(qᵀk/√d) is estimated with positive orthogonal random
+features, then the attention is linear attention with those features (§4.1):
+
+    q' = d^(-1/4) q,  k' = d^(-1/4) k             (data normaliser: q'ᵀk' = qᵀk/√d)
+    x_i(u) = ω_iᵀu − ‖u‖²/2,  i = 1..m             (the log of the i-th feature)
+    φ(u)_i = m^(-1/2) · (exp(x_i(u) − c) + eps)    (E[φ(q)ᵀφ(k)] ∝ exp(q'ᵀk') when eps = 0)
+    out_t  = Σ_j φ(q_t)ᵀφ(k_j) v_j / Σ_j φ(q_t)ᵀφ(k_j)
+
+ω_1..ω_m are rows of blocks of Haar-orthogonal matrices (QR of Gaussian matrices, signs
+fixed) rescaled by chi-distributed norms (performer-pytorch ``scaling=0``); m =
+int(d_head · ln d_head) by default. They are a buffer drawn from a seeded generator, redrawn
+every ``redraw_interval`` training forward calls (0 = never).
+
+The stabiliser c and eps = 1e-4 are the reference code's (``softmax_kernel``): c is a max of
+the projections ω_iᵀu' taken before the exp so that nothing overflows, and eps keeps every
+feature positive. For queries c is the row's own max (it cancels between numerator and
+denominator up to eps). For keys the reference takes one max over all positions, which
+lets the last key change the first query's output; here:
+
+- non-causal: the reference's max over all positions and features (per batch and head);
+- causal: the running max over the keys seen so far, M_t = max_{j≤t, i} ω_iᵀk'_j. Key j seen
+  from query t is φ_t(k_j)_i = m^(-1/2)(exp(x_i(k_j) − M_t) + eps), the causal analogue of
+  the reference's global max: exact (M_t is a common factor of every key a query sees,
+  so it cancels up to eps), causal (M_t depends on the past only) and equal to the recurrent
+  form, which rescales its state whenever M grows (as online softmax does).
+
+Because of that rescaling the causal prefix sum is its own chunked function
+(``causal_favor_attention``) instead of ``linear.causal_linear_attention`` (whose features
+do not depend on the query position); the non-causal form shares ``linear``'s core.
+``favor_attention_reference`` is the dense form both fast paths must equal.
+The stabilisers are not detached (the reference detaches them): with eps > 0 they change
+the output slightly, so detaching them would make the gradient inexact by O(eps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seqmix.mixers.base import Mixer, linear_flops
+from seqmix.mixers.linear import noncausal_linear_attention
+
+
+@dataclasses.dataclass
+class PerformerOptions:
+    n_heads: int = 4
+    bias: bool = True
+    nb_features: int | None = None  # m; None = int(d_head · ln d_head) (reference default)
+    redraw_interval: int = 1000  # training forward calls between redraws; 0 = never
+    feature_seed: int | None = None  # None = drawn from torch's global RNG (the run's seed)
+    eps: float = 1e-4  # the reference's feature floor
+    chunk_size: int = 64  # C of the chunked causal form (a speed knob, not a model choice)
+
+    def __post_init__(self):
+        if self.nb_features is not None and self.nb_features < 1:
+            raise ValueError(f"performer nb_features must be >= 1, got {self.nb_features}")
+        if self.redraw_interval < 0:
+            raise ValueError(f"performer redraw_interval must be >= 0, got {self.redraw_interval}")
+        if self.chunk_size < 1:
+            raise ValueError(f"performer chunk_size must be >= 1, got {self.chunk_size}")
+
+
+def sub_seed(seed: int, index: int) -> int:
+    """A 32-bit seed for draw ``index`` of a stream seeded ``seed`` (numpy's SeedSequence
+    mixes both; torch's CPU generator keeps only 32 bits, so ``seed + index·2³²`` would
+    repeat the same draw)."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
+def default_nb_features(d_head: int) -> int:
+    """m = int(d · ln d) (performer-pytorch's default), at least 1."""
+    return max(1, int(d_head * math.log(d_head)))
+
+
+def gaussian_orthogonal_random_matrix(
+    nb_rows: int, nb_columns: int, generator: torch.Generator, scaling: int = 0
+) -> torch.Tensor:
+    """(nb_rows, nb_columns) ω: stacked orthogonal blocks with chi-distributed row norms.
+
+    Each block is Q of the QR of a Gaussian matrix, with the signs of R's diagonal folded
+    into Q so that Q is Haar-distributed (the reference omits that fix). scaling=0 gives the
+    rows the norms of Gaussian vectors (chi with nb_columns degrees of freedom), scaling=1
+    the constant √nb_columns. Drawn on the CPU in float64.
+    """
+    blocks = []
+    for start in range(0, nb_rows, nb_columns):
+        g = torch.randn(nb_columns, nb_columns, generator=generator, dtype=torch.float64)
+        q, r = torch.linalg.qr(g)
+        q = q * torch.sign(torch.diagonal(r))[None, :]
+        blocks.append(q.T[: nb_rows - start])  # rows of Qᵀ: orthonormal
+    w = torch.cat(blocks)
+    if scaling == 0:
+        norms = torch.randn(nb_rows, nb_columns, generator=generator, dtype=torch.float64).norm(dim=1)
+    elif scaling == 1:
+        norms = torch.full((nb_rows,), math.sqrt(nb_columns), dtype=torch.float64)
+    else:
+        raise ValueError(f"scaling must be 0 (chi norms) or 1 (sqrt(d)), got {scaling}")
+    return norms[:, None] * w
+
+
+def favor_projections(u: torch.Tensor, omega: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For u: (..., L, d) and ω: (m, d): the projections ω_iᵀu' and the log-features
+    x_i(u) = ω_iᵀu' − ‖u'‖²/2, with u' = d^(-1/4) u. Both (..., L, m)."""
+    u = u * u.shape[-1] ** -0.25
+    proj = u @ omega.T
+    return proj, proj - 0.5 * (u * u).sum(-1, keepdim=True)
+
+
+def query_features(q: torch.Tensor, omega: torch.Tensor, eps: float) -> torch.Tensor:
+    """φ(q) with the reference's per-row stabiliser: (..., L, m)."""
+    proj, logf = favor_projections(q, omega)
+    c = proj.amax(dim=-1, keepdim=True)
+    return omega.shape[0] ** -0.5 * (torch.exp(logf - c) + eps)
+
+
+def favor_attention_reference(
+    phi_q: torch.Tensor, k_logf: torch.Tensor, k_proj: torch.Tensor, v: torch.Tensor,
+    causal: bool, eps: float,
+) -> torch.Tensor:
+    """Dense form: key features built for every (query, key) pair; O(L²·m), tests only.
+
+    phi_q: (B, H, L, m) query features; k_logf, k_proj: (B, H, L, m) the keys' log-features
+    and projections (``favor_projections``); v: (B, H, L, Dv).
+    """
+    ratio = k_logf.shape[-1] ** -0.5
+    if causal:  # M_t = max over j ≤ t and i
+        c = k_proj.amax(dim=-1).cummax(dim=-1).values[..., :, None, None]  # (B, H, L, 1, 1)
+    else:  # one max over all keys (the reference)
+        c = k_proj.amax(dim=(-1, -2))[..., None, None, None]
+    phi_k = ratio * (torch.exp(k_logf[..., None, :, :] - c) + eps)  # (B, H, Lq, Lk, m)
+    A = (phi_q[..., :, None, :] * phi_k).sum(-1)  # (B, H, L, L)
+    if causal:
+        A = A.tril()
+    return (A @ v) / A.sum(-1, keepdim=True)
+
+
+def causal_favor_attention(
+    phi_q: torch.Tensor, k_logf: torch.Tensor, k_proj: torch.Tensor, v: torch.Tensor,
+    eps: float, chunk_size: int = 64,
+) -> torch.Tensor:
+    """Causal FAVOR+ with the running-max key stabiliser, chunked: O(L) time and memory.
+
+    Inputs as ``favor_attention_reference``. With μ_j = max_i ω_iᵀk'_j, M_t = max_{j≤t} μ_j
+    and k̂_j = exp(x(k_j) − μ_j) ≤ 1, key j seen from query t is
+    m^(-1/2)(k̂_j e^{μ_j − M_t} + eps): every exponent is ≤ 0 (no overflow). Within a chunk
+    the C × C weights are formed directly; across chunks the state Σ k̂_j e^{μ_j − M} v_jᵀ is
+    carried with M = the running max at the chunk's end and rescaled when M grows.
+    The eps part of the features adds eps·Σ_i φ(q_t)_i · (Σ_{j≤t} v_j, t+1): prefix sums.
+    """
+    B, H, L, m = phi_q.shape
+    Dv = v.shape[-1]
+    mu = k_proj.amax(dim=-1)  # (B, H, L)
+    k_hat = torch.exp(k_logf - mu[..., None])  # (B, H, L, m), ≤ 1
+    C = min(chunk_size, L)
+    pad = (-L) % C
+    if pad:  # padded keys get weight e^{-inf} = 0; the padded queries are dropped at the end
+        phi_q, k_hat, v = (F.pad(t, (0, 0, 0, pad)) for t in (phi_q, k_hat, v))
+        mu = F.pad(mu, (0, pad), value=-math.inf)
+    N = (L + pad) // C
+    M = mu.cummax(dim=-1).values  # (B, H, L')
+
+    q_c = phi_q.reshape(B, H, N, C, m)
+    k_c = k_hat.reshape(B, H, N, C, m)
+    v_c = v.reshape(B, H, N, C, Dv)
+    mu_c = mu.reshape(B, H, N, C)
+    M_c = M.reshape(B, H, N, C)
+
+    # Within a chunk: W_tj = (φq_t · k̂_j) e^{μ_j − M_t} for j ≤ t (exponent ≤ 0 there).
+    causal = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
+    decay = torch.exp((mu_c[..., None, :] - M_c[..., :, None]).masked_fill(~causal, -math.inf))
+    W = (q_c @ k_c.transpose(-1, -2)) * decay  # (B, H, N, C, C)
+    num = W @ v_c
+    den = W.sum(-1, keepdim=True)
+
+    # Across chunks: the state entering chunk n, stabilised by M at the end of chunk n-1.
+    M_end = M_c[..., -1]  # (B, H, N)
+    w_end = torch.exp(mu_c - M_end[..., None])  # (B, H, N, C), ≤ 1
+    kv = (k_c * w_end[..., None]).transpose(-1, -2) @ v_c  # (B, H, N, m, Dv)
+    ks = (k_c * w_end[..., None]).sum(-2)  # (B, H, N, m)
+    M_prev = torch.cat([torch.full_like(M_end[..., :1], -math.inf), M_end[..., :-1]], dim=-1)
+    S, z = [torch.zeros_like(kv[:, :, 0])], [torch.zeros_like(ks[:, :, 0])]
+    for n in range(1, N):  # N = L/C steps on (m, Dv) states
+        scale = torch.exp(M_prev[:, :, n - 1] - M_end[:, :, n - 1])[..., None]  # (B, H, 1), ≤ 1
+        S.append(S[-1] * scale[..., None] + kv[:, :, n - 1])
+        z.append(z[-1] * scale + ks[:, :, n - 1])
+    S = torch.stack(S, dim=2)  # (B, H, N, m, Dv), stabilised by M_end of the previous chunk
+    z = torch.stack(z, dim=2)  # (B, H, N, m)
+    carry = torch.exp(M_prev[..., None] - M_c)[..., None]  # (B, H, N, C, 1), 0 for chunk 0
+    num = num + carry * (q_c @ S)
+    den = den + carry * (q_c * z[..., None, :]).sum(-1, keepdim=True)
+
+    # The eps floor of every key feature: eps·Σ_i φ(q_t)_i times (Σ_{j≤t} v_j, t+1).
+    qsum = phi_q.sum(-1, keepdim=True)  # (B, H, L', 1)
+    count = torch.arange(1, L + pad + 1, device=v.device, dtype=v.dtype)[:, None]
+    num = num.reshape(B, H, N * C, Dv) + eps * qsum * v.cumsum(dim=-2)
+    den = den.reshape(B, H, N * C, 1) + eps * qsum * count
+    # Drop the padded queries before dividing (their 0/0 would poison the gradient). The
+    # common factor m^(-1/2) of the key features cancels.
+    return num[:, :, :L] / den[:, :, :L]
+
+
+class Performer(Mixer):
+    Options = PerformerOptions
+    has_scores = True
+    has_step = True
+
+    def __init__(self, d_model: int, options: PerformerOptions, *, causal=True, max_len=None):
+        super().__init__(d_model, options, causal=causal, max_len=max_len)
+        if d_model % options.n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={options.n_heads}")
+        self.n_heads = options.n_heads
+        self.d_head = d_model // options.n_heads
+        self.nb_features = options.nb_features or default_nb_features(self.d_head)
+        self.q_proj = nn.Linear(d_model, d_model, bias=options.bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=options.bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=options.bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=options.bias)
+        seed = options.feature_seed
+        if seed is None:  # follow the run's seed; every layer gets its own features
+            seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        # Buffers, so that a checkpoint restores the features and the redraw schedule.
+        # Python copies (``_seed``, ``_calls``) spare a device sync per forward.
+        self.register_buffer("feature_seed", torch.tensor(seed, dtype=torch.long))
+        self.register_buffer("calls", torch.tensor(0, dtype=torch.long))
+        self._seed, self._calls = seed, 0
+        self.register_buffer("omega", self._draw(0))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._seed, self._calls = int(self.feature_seed), int(self.calls)
+
+    def _draw(self, index: int) -> torch.Tensor:
+        """The index-th feature draw: a function of (seed, index) only, so redraws after a
+        resume from a checkpoint are the ones an uninterrupted run would have made."""
+        g = torch.Generator().manual_seed(sub_seed(self._seed, index))
+        return gaussian_orthogonal_random_matrix(self.nb_features, self.d_head, g).float()
+
+    @torch.no_grad()
+    def redraw_features(self, index: int) -> None:
+        self.omega.copy_(self._draw(index))
+
+    def _heads(self, x: torch.Tensor):
+        B, L, _ = x.shape
+        split = lambda t: t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # noqa: E731
+        return split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+
+    def _favor_inputs(self, x: torch.Tensor):
+        """φ(q), the keys' log-features and projections, and v: (B, H, L, ·) each."""
+        q, k, v = self._heads(x)
+        omega = self.omega.to(x.dtype)
+        k_proj, k_logf = favor_projections(k, omega)
+        return query_features(q, omega, self.options.eps), k_logf, k_proj, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        o = self.options
+        if self.training and o.redraw_interval:  # performer-pytorch's feature_redraw_interval
+            if self._calls and self._calls % o.redraw_interval == 0:
+                self.redraw_features(self._calls // o.redraw_interval)
+            self._calls += 1
+            self.calls.fill_(self._calls)
+        B, L, D = x.shape
+        phi_q, k_logf, k_proj, v = self._favor_inputs(x)
+        if self.causal:
+            y = causal_favor_attention(phi_q, k_logf, k_proj, v, o.eps, o.chunk_size)
+        else:
+            c = k_proj.amax(dim=(-1, -2), keepdim=True)
+            phi_k = self.nb_features**-0.5 * (torch.exp(k_logf - c) + o.eps)
+            y = noncausal_linear_attention(phi_q, phi_k, v, eps=0.0)  # the reference adds none
+        return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """φ(q_t)ᵀφ_t(k_j), the weights the forward normalises; zero above the diagonal
+        when causal: (B, H, L, L)."""
+        phi_q, k_logf, k_proj, _ = self._favor_inputs(x)
+        eps, ratio = self.options.eps, self.nb_features**-0.5
+        mu = k_proj.amax(dim=-1)  # (B, H, L)
+        k_hat = torch.exp(k_logf - mu[..., None])
+        if self.causal:
+            L = x.shape[1]
+            M = mu.cummax(dim=-1).values
+            mask = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+            decay = torch.exp((mu[..., None, :] - M[..., :, None]).masked_fill(~mask, -math.inf))
+        else:
+            decay = torch.exp(mu - mu.amax(dim=-1, keepdim=True))[..., None, :]
+        A = ratio * ((phi_q @ k_hat.transpose(-1, -2)) * decay + eps * phi_q.sum(-1, keepdim=True))
+        return A.tril() if self.causal else A
+
+    # Recurrent form: S = Σ_j e^{x(k_j) − M} v_jᵀ, z = Σ_j e^{x(k_j) − M}, rescaled when the
+    # running max M grows, plus Σ_j v_j and the count for the eps floor.
+    def init_state(self, batch, device, dtype):
+        H, m, Dh = self.n_heads, self.nb_features, self.d_head
+        return {
+            "S": torch.zeros(batch, H, m, Dh, device=device, dtype=dtype),
+            "z": torch.zeros(batch, H, m, device=device, dtype=dtype),
+            "v_sum": torch.zeros(batch, H, Dh, device=device, dtype=dtype),
+            "count": 0,
+            "M": torch.full((batch, H), -math.inf, device=device, dtype=dtype),
+        }
+
+    def step(self, x_t: torch.Tensor, state):
+        if not self.causal:
+            raise ValueError("step() needs a causal mixer")
+        eps = self.options.eps
+        phi_q, k_logf, k_proj, v = (t[:, :, 0] for t in self._favor_inputs(x_t[:, None, :]))
+        M = torch.maximum(state["M"], k_proj.amax(dim=-1))  # (B, H)
+        rescale = torch.exp(state["M"] - M)  # 0 at the first token (M was -inf)
+        w = torch.exp(k_logf - M[..., None])  # (B, H, m), ≤ 1
+        S = state["S"] * rescale[..., None, None] + w[..., :, None] * v[..., None, :]
+        z = state["z"] * rescale[..., None] + w
+        v_sum = state["v_sum"] + v
+        count = state["count"] + 1
+        qsum = phi_q.sum(-1, keepdim=True)
+        num = (phi_q[..., None, :] @ S)[..., 0, :] + eps * qsum * v_sum
+        den = (phi_q * z).sum(-1, keepdim=True) + eps * qsum * count
+        y = (num / den).reshape(x_t.shape[0], self.d_model)
+        return self.out_proj(y), {"S": S, "z": z, "v_sum": v_sum, "count": count, "M": M}
+
+    def flops(self, seq_len: int) -> float:
+        L, d, Dh, m = seq_len, self.d_model, self.d_head, self.nb_features
+        proj = 4 * linear_flops(L, d, d)
+        # Per head and token: the feature projections of q and k (2·m·Dh each), k vᵀ into
+        # the state and q·S out of it (2·m·Dh each), the normaliser (2·m). The causal
+        # chunked form adds the masked intra-chunk q kᵀ and W v (2·C·m and 2·C·Dh, about
+        # half of it masked).
+        per_token = 8.0 * m * Dh + 2.0 * m
+        if self.causal:
+            per_token += min(self.options.chunk_size, L) * (m + Dh)
+        return proj + L * self.n_heads * per_token
