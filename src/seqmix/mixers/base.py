@@ -49,6 +49,9 @@ class Mixer(nn.Module):
     # A mixer that replaces the block's feed-forward (CRATE's ISTA) names a module class
     # taking (d_model, d_ff, dropout); None keeps the block's GELU MLP.
     feedforward: ClassVar[Any] = None
+    # False when that feed-forward's output replaces the stream instead of being added to it
+    # (CRATE's ISTA step, REFERENCE.md §3); the block then drops its residual around it.
+    feedforward_residual: ClassVar[bool] = True
 
     def __init__(self, d_model: int, options: Any, *, causal: bool = True, max_len: int | None = None):
         super().__init__()

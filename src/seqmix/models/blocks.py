@@ -3,6 +3,8 @@
     post-LN (paper):  h = LN1(h + Dropout(mix(h)));  h = LN2(h + Dropout(FFN(h)))
     Grassmann (§1.2): h = Dropout(LN1(mix(h)))  (its gate already blends h in)
     pre-LN:           h = h + Dropout(mix(LN1(h))); h = h + Dropout(FFN(LN2(h)))
+    CRATE (§3):       the ISTA feed-forward replaces the stream, no residual around it:
+                      post-LN h = LN2(ISTA(h)), pre-LN h = ISTA(LN2(h))
 """
 
 from __future__ import annotations
@@ -48,16 +50,17 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.pre_norm = norm == "pre"
         self.gated = type(self.mixer).residual_in_mixer
+        self.ffn_residual = type(self.mixer).feedforward_residual
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.pre_norm:
             h = h + self.drop(self.mixer(self.norm1(h)))
-            return h + self.drop(self.ffn(self.norm2(h)))
+            return h + self.drop(self.ffn(self.norm2(h))) if self.ffn_residual else self.ffn(self.norm2(h))
         if self.gated:
             h = self.drop(self.norm1(self.mixer(h)))
         else:
             h = self.norm1(h + self.drop(self.mixer(h)))
-        return self.norm2(h + self.drop(self.ffn(h)))
+        return self.norm2(h + self.drop(self.ffn(h))) if self.ffn_residual else self.norm2(self.ffn(h))
 
 
 def build_blocks(
