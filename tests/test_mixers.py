@@ -15,6 +15,14 @@ from seqmix.config import NONCAUSAL_ONLY, load_schema
 TINY_OPTIONS: dict[str, dict] = {
     "softmax": {"n_heads": 2},
     "grassmann": {"rank": 5, "offsets": (1, 2, 3)},
+    # Chunks, windows and blocks smaller than the test lengths, so that the fast paths
+    # cross chunk boundaries and end on a partial chunk.
+    "linear": {"n_heads": 2, "chunk_size": 4},
+    "performer": {"n_heads": 2, "chunk_size": 4, "feature_seed": 0},
+    "sliding_window": {"n_heads": 2, "window": 3, "n_global": 1},
+    "bigbird": {"n_heads": 2, "block_size": 2, "n_random": 1, "seed": 0},
+    "linformer": {"n_heads": 2, "k": 4},
+    "crate": {"n_heads": 2},
     # Chunks smaller than the test lengths (and GLA's sub-chunks smaller than its chunk),
     # so that the chunked forms cross chunk boundaries and end on a partial chunk.
     "gla": {"n_heads": 2, "chunk_size": 4, "gate_low_rank_dim": 4},

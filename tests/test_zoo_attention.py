@@ -1,0 +1,472 @@
+"""Mixer-specific tests for linear, performer, sliding_window, bigbird, linformer and crate
+(the generic properties live in tests/test_mixers.py).
+
+Fast path == reference: fp64, forward at 1e-12 and input gradients at 1e-10 (the two paths
+add the same terms in a different order, so they agree to rounding; a wrong mask, a missed
+chunk or a wrong rescale shows up at O(1)). Shapes are awkward on purpose: L = 1, L not a
+multiple of the chunk/window/block, batch and heads > 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from seqmix import mixers
+from seqmix.mixers import bigbird as bb
+from seqmix.mixers import linear as lin
+from seqmix.mixers import performer as perf
+from seqmix.mixers import sliding_window as sw
+from seqmix.models.blocks import Block
+from seqmix.models.lm import CausalLM, LMConfig
+
+F64 = torch.float64
+
+
+def rand(*shape, scale=1.0, positive=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.rand(*shape, generator=g, dtype=F64) if positive else torch.randn(*shape, generator=g, dtype=F64)
+    return (t * scale).requires_grad_()
+
+
+def assert_same_fwd_bwd(fast, ref, inputs, atol_fwd=1e-12, atol_bwd=1e-10):
+    """fast(*inputs) == ref(*inputs), and so are the gradients of a random projection."""
+    y_fast, y_ref = fast(*inputs), ref(*inputs)
+    torch.testing.assert_close(y_fast, y_ref, atol=atol_fwd, rtol=0)
+    w = torch.randn_like(y_ref)
+    g_fast = torch.autograd.grad((y_fast * w).sum(), inputs)
+    g_ref = torch.autograd.grad((y_ref * w).sum(), inputs)
+    for a, b in zip(g_fast, g_ref):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=atol_bwd, rtol=0)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any op produces (to check 'no L × L tensor')."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+# ---------------------------------------------------------------------------------- linear
+
+
+@pytest.mark.parametrize("L", [1, 5, 13])
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_linear_chunked_equals_dense_reference(L, chunk):
+    q, k = rand(2, 3, L, 4, positive=True, seed=1), rand(2, 3, L, 4, positive=True, seed=2)
+    v = rand(2, 3, L, 5, seed=3)  # d_v != d_k
+    assert_same_fwd_bwd(
+        lambda *t: lin.causal_linear_attention(*t, eps=1e-6, chunk_size=chunk),
+        lambda *t: lin.linear_attention_reference(*t, causal=True), (q, k, v),
+    )
+    assert_same_fwd_bwd(
+        lambda *t: lin.noncausal_linear_attention(*t, eps=1e-6),
+        lambda *t: lin.linear_attention_reference(*t, causal=False), (q, k, v),
+    )
+
+
+def test_linear_scores_normalise_to_the_forward():
+    """Row-normalised scores times v is the attention (up to ε): scores are what it uses."""
+    m = mixers.build("linear", 8, n_heads=2, chunk_size=4).to(F64)
+    x = torch.randn(2, 9, 8, dtype=F64)
+    s = m.scores(x)
+    q, k, v = m._features(x)
+    torch.testing.assert_close(s, (q @ k.transpose(-1, -2)).tril())
+    y = (s @ v) / (s.sum(-1, keepdim=True) + m.options.eps)
+    torch.testing.assert_close(m.out_proj(y.transpose(1, 2).reshape(2, 9, 8)), m(x), atol=1e-12, rtol=0)
+
+
+# ------------------------------------------------------------------------------- performer
+
+
+def favor_inputs(L, m=7, d=4, scale=3.0, seed=0):
+    omega = perf.gaussian_orthogonal_random_matrix(m, d, torch.Generator().manual_seed(seed))
+    q, k = rand(2, 3, L, d, scale=scale, seed=seed + 1), rand(2, 3, L, d, scale=scale, seed=seed + 2)
+    return omega, q, k, rand(2, 3, L, 5, seed=seed + 3)
+
+
+@pytest.mark.parametrize("L", [1, 5, 13])
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_performer_chunked_equals_dense_reference(L, chunk):
+    # scale 3: projections of tens, so the running max of the keys moves inside chunks.
+    omega, q, k, v = favor_inputs(L)
+
+    def run(q, k, v, fast):
+        phi_q = perf.query_features(q, omega, 1e-4)
+        k_proj, k_logf = perf.favor_projections(k, omega)
+        if fast:
+            return perf.causal_favor_attention(phi_q, k_logf, k_proj, v, 1e-4, chunk)
+        return perf.favor_attention_reference(phi_q, k_logf, k_proj, v, True, 1e-4)
+
+    assert_same_fwd_bwd(lambda *t: run(*t, True), lambda *t: run(*t, False), (q, k, v))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_performer_mixer_matches_reference_and_scores(causal):
+    m = mixers.build("performer", 8, causal=causal, n_heads=2, chunk_size=4, feature_seed=3).to(F64)
+    x = torch.randn(2, 11, 8, dtype=F64) * 3
+    phi_q, k_logf, k_proj, v = m._favor_inputs(x)
+    y_ref = perf.favor_attention_reference(phi_q, k_logf, k_proj, v, causal, m.options.eps)
+    torch.testing.assert_close(m(x), m.out_proj(y_ref.transpose(1, 2).reshape(2, 11, 8)), atol=1e-12, rtol=0)
+    # scores are the weights the forward normalises
+    s = m.scores(x)
+    torch.testing.assert_close((s @ v) / s.sum(-1, keepdim=True), y_ref, atol=1e-12, rtol=0)
+
+
+def test_performer_stabiliser_is_causal_and_stable():
+    """A huge later key must not change earlier outputs (the reference's global key max
+    would, through eps), and fp32 must stay finite where exp(ωᵀk) overflows."""
+    m = mixers.build("performer", 8, n_heads=2, chunk_size=4, feature_seed=0).to(F64).eval()
+    x = torch.randn(1, 10, 8, dtype=F64)
+    x2 = x.clone()
+    x2[:, 6:] *= 200.0
+    torch.testing.assert_close(m(x2)[:, :6], m(x)[:, :6], atol=1e-12, rtol=0)
+    m32 = mixers.build("performer", 8, n_heads=2, chunk_size=4, feature_seed=0).eval()
+    y = m32(x2.float() * 5)
+    assert torch.isfinite(y).all()
+
+
+def test_performer_features_are_orthogonal_blocks_with_chi_norms():
+    d, m = 8, 20
+    w = perf.gaussian_orthogonal_random_matrix(m, d, torch.Generator().manual_seed(0))
+    for start in range(0, m, d):  # rows within a block are orthogonal
+        block = w[start : start + d]
+        gram = block @ block.T
+        torch.testing.assert_close(gram - torch.diag(gram.diagonal()), torch.zeros_like(gram), atol=1e-12, rtol=0)
+    # chi norms: E‖ω‖² = d; over 4000 rows the mean is within ±5 standard errors
+    big = perf.gaussian_orthogonal_random_matrix(4000, d, torch.Generator().manual_seed(1))
+    sq = (big**2).sum(-1)
+    assert abs(sq.mean().item() - d) < 5 * math.sqrt(2 * d / 4000)
+
+
+def test_performer_estimator_approaches_softmax_attention():
+    """FAVOR+ with m features estimates the attention weights softmax(q kᵀ/√d); the error
+    must fall as m grows. Measured as ‖Â − A‖ / ‖U − A‖ (U = uniform weights), averaged over
+    4 draws; with these seeds it is 0.36, 0.13, 0.04 for m = 256, 4096, 32768. Wrong features
+    plateau instead: rows of norm √d instead of chi norms at 0.17, no −‖u‖²/2 at 0.5, no
+    d^(-1/4) normaliser at 2.2 (all measured), so the bounds below catch each of them."""
+    d, L = 8, 24
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, L, d, generator=g, dtype=F64) * 0.5
+    k = torch.randn(1, 1, L, d, generator=g, dtype=F64) * 0.5
+    exact = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), dim=-1)
+    uniform = torch.full_like(exact, 1.0 / L)
+    eye = torch.eye(L, dtype=F64).expand(1, 1, L, L)  # v = I: the output is the weights
+
+    def error(m):
+        errs = []
+        for draw in range(4):
+            omega = perf.gaussian_orthogonal_random_matrix(m, d, torch.Generator().manual_seed(100 + draw))
+            phi_q = perf.query_features(q, omega, 0.0)
+            k_proj, k_logf = perf.favor_projections(k, omega)
+            weights = perf.favor_attention_reference(phi_q, k_logf, k_proj, eye, False, 0.0)
+            errs.append(((weights - exact).norm() / (uniform - exact).norm()).item())
+        return sum(errs) / len(errs)
+
+    e256, e4096, e32768 = error(256), error(4096), error(32768)
+    assert e32768 < e4096 < e256
+    assert e32768 < e256 / 4, (e256, e32768)
+    assert e32768 < 0.08, e32768
+
+
+def test_performer_redraws_only_in_training_and_reproducibly():
+    m = mixers.build("performer", 8, n_heads=2, redraw_interval=2, feature_seed=5)
+    x = torch.randn(1, 4, 8)
+    first = m.omega.clone()
+    m.eval()
+    for _ in range(5):
+        m(x)
+    assert torch.equal(m.omega, first), "eval must never redraw"
+    m.train()
+    m(x)
+    m(x)
+    assert torch.equal(m.omega, first)  # calls 0, 1: no redraw yet
+    m(x)  # call 2: the first redraw
+    assert not torch.equal(m.omega, first)
+    # A model restored from this state redraws exactly as this one does.
+    m2 = mixers.build("performer", 8, n_heads=2, redraw_interval=2, feature_seed=99)
+    m2.load_state_dict(m.state_dict())
+    m2.train()
+    for _ in range(2):
+        m(x)
+        m2(x)
+    assert torch.equal(m.omega, m2.omega)
+    never = mixers.build("performer", 8, n_heads=2, redraw_interval=0, feature_seed=5).train()
+    for _ in range(3):
+        never(x)
+    assert torch.equal(never.omega, first)
+
+
+def test_performer_default_features_follow_the_global_seed():
+    torch.manual_seed(0)
+    a, b = mixers.build("performer", 16), mixers.build("performer", 16)
+    torch.manual_seed(0)
+    a2 = mixers.build("performer", 16)
+    assert not torch.equal(a.omega, b.omega), "two layers must not share their features"
+    assert torch.equal(a.omega, a2.omega)
+    assert a.omega.shape == (int(4 * math.log(4)), 4)  # m = int(d_head ln d_head), d_head = 4
+
+
+# -------------------------------------------------------------------------- sliding window
+
+
+def test_sliding_window_mask_exact():
+    causal = sw.sliding_window_mask(6, window=2, n_global=1, causal=True).int()
+    assert causal.tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 0, 1, 1, 0, 0],
+        [1, 0, 0, 1, 1, 0],
+        [1, 0, 0, 0, 1, 1],
+    ]
+    # non-causal, window 2 = one key on each side; global token 0 attends everywhere
+    full = sw.sliding_window_mask(6, window=2, n_global=1, causal=False).int()
+    assert full.tolist() == [
+        [1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 0, 1, 1, 1, 0],
+        [1, 0, 0, 1, 1, 1],
+        [1, 0, 0, 0, 1, 1],
+    ]
+    # two global tokens, causal: token 1 (global) sees 0..1; later tokens see both globals
+    two = sw.sliding_window_mask(5, window=1, n_global=2, causal=True).int()
+    assert two.tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 0, 1, 0],
+        [1, 1, 0, 0, 1],
+    ]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("L", [1, 5, 13])
+@pytest.mark.parametrize("window,n_global", [(1, 0), (3, 1), (4, 3), (20, 1)])
+def test_sliding_window_banded_equals_dense(causal, L, window, n_global):
+    q, k, v = (rand(2, 3, L, 4, seed=s) for s in range(3))
+    assert_same_fwd_bwd(
+        lambda *t: sw.banded_attention(*t, window, n_global, causal),
+        lambda *t: sw.sliding_window_reference(*t, window, n_global, causal), (q, k, v),
+    )
+    counts = sw.pattern_row_counts(L, window, n_global, causal)
+    assert torch.equal(counts, sw.sliding_window_mask(L, window, n_global, causal).sum(-1))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sliding_window_global_projections(causal):
+    m = mixers.build("sliding_window", 8, causal=causal, n_heads=2, window=2, n_global=3,
+                     global_projections=True).to(F64)
+    x = torch.randn(2, 9, 8, dtype=F64)
+    torch.testing.assert_close(m(x), m.forward_reference(x), atol=1e-12, rtol=0)
+    s = m.scores(x)
+    assert torch.equal(s > 0, sw.sliding_window_mask(9, 2, 3, causal).expand_as(s))
+    if causal:  # n_global > window: the global rows' past lies outside the window cache
+        state, outs = m.init_state(2, x.device, F64), []
+        for t in range(9):
+            y_t, state = m.step(x[:, t], state)
+            outs.append(y_t)
+        torch.testing.assert_close(torch.stack(outs, 1), m(x), atol=1e-10, rtol=0)
+
+
+# --------------------------------------------------------------------------------- bigbird
+
+
+def test_bigbird_mask_exact_without_random_blocks():
+    table = bb.key_block_table(4, n_global=1, n_random=0, causal=True, seed=0)
+    assert table.tolist() == [[0, -1, -1], [0, 1, -1], [0, 1, 2], [0, 2, 3]]
+    mask = bb.bigbird_mask(7, 2, table, n_global=1, causal=True).int()  # blocks {0,1} {2,3} {4,5} {6}
+    assert mask.tolist() == [
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0],
+        [1, 1, 0, 0, 1, 1, 1],  # block 3: global 0, window 2..3, not block 1
+    ]
+    full = bb.key_block_table(4, n_global=1, n_random=0, causal=False, seed=0)
+    assert full.tolist() == [[0, 1, -1, -1], [0, 1, 2, -1], [0, 1, 2, 3], [0, 2, 3, -1]]
+
+
+def test_bigbird_random_blocks():
+    N, g, r = 12, 1, 3
+    causal = bb.key_block_table(N, g, r, causal=True, seed=7)
+    for beta in range(N):
+        row = [c for c in causal[beta].tolist() if c >= 0]
+        assert len(row) == len(set(row)), "no key block twice"
+        rand_blocks = row[len([c for c in row if c < g or c in (beta - 1, beta)]):]
+        n_candidates = max(0, beta - 1 - g)
+        assert len(rand_blocks) == min(r, n_candidates)
+        assert all(g <= c < beta - 1 for c in rand_blocks), "random blocks come before the window"
+    # a block's random blocks depend on (seed, block) only, not on the sequence length
+    assert torch.equal(bb.key_block_table(7, g, r, True, 7), causal[:7])
+    assert torch.equal(bb.key_block_table(N, g, r, True, 7), causal)
+    assert not torch.equal(bb.key_block_table(N, g, r, True, 8), causal)
+    # per-block draws are independent: the picks (as positions among the candidates) vary
+    draws = {tuple(torch.randperm(30, generator=torch.Generator().manual_seed(bb.sub_seed(7, b)))[:r].tolist())
+             for b in range(50)}
+    assert len(draws) > 45
+    full = bb.key_block_table(N, g, r, causal=False, seed=7)
+    for beta in range(1, N):
+        row = [c for c in full[beta].tolist() if c >= 0]
+        window = {c for c in (beta - 1, beta, beta + 1) if 0 <= c < N}
+        extra = set(row) - window - set(range(g))
+        assert len(extra) == r, "non-causal: 3 random blocks from anywhere else"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("L", [1, 5, 13])
+@pytest.mark.parametrize("block_size,n_global,n_random", [(1, 1, 1), (2, 1, 3), (3, 2, 1), (4, 0, 2)])
+def test_bigbird_block_sparse_equals_dense(causal, L, block_size, n_global, n_random):
+    table = bb.key_block_table(-(-L // block_size), n_global, n_random, causal, seed=3)
+    mask = bb.bigbird_mask(L, block_size, table, n_global, causal)
+    q, k, v = (rand(2, 3, L, 4, seed=s) for s in range(3))
+    assert_same_fwd_bwd(
+        lambda *t: bb.block_sparse_attention(*t, block_size, table, n_global, causal),
+        lambda *t: bb.bigbird_reference(*t, mask), (q, k, v),
+    )
+    m = mixers.build("bigbird", 8, causal=causal, n_heads=2, block_size=block_size,
+                     n_global_blocks=n_global, n_random=n_random, seed=3)
+    assert m.pattern_pairs(L) == int(m.mask(L).sum())
+
+
+def test_bigbird_mixer_scores_step_and_checkpointed_pattern():
+    m = mixers.build("bigbird", 8, n_heads=2, block_size=3, n_global_blocks=2, n_random=2, seed=1).to(F64)
+    x = torch.randn(2, 20, 8, dtype=F64)
+    torch.testing.assert_close(m(x), m.forward_reference(x), atol=1e-12, rtol=0)
+    s = m.scores(x)
+    assert torch.equal(s > 0, m.mask(20).expand_as(s))
+    state, outs = m.init_state(2, x.device, F64), []
+    for t in range(20):
+        y_t, state = m.step(x[:, t], state)
+        outs.append(y_t)
+    torch.testing.assert_close(torch.stack(outs, 1), m(x), atol=1e-10, rtol=0)
+    other = mixers.build("bigbird", 8, n_heads=2, block_size=3, n_global_blocks=2, n_random=2, seed=2).to(F64)
+    assert not torch.equal(other.mask(20), m.mask(20))
+    other.load_state_dict(m.state_dict())  # the pattern travels with the checkpoint
+    assert torch.equal(other.mask(20), m.mask(20))
+
+
+# ------------------------------------------------------------ linear-cost paths: no L × L
+
+
+@pytest.mark.parametrize("name,options", [
+    ("linear", {"n_heads": 1}),
+    ("performer", {"n_heads": 1}),
+    ("sliding_window", {"n_heads": 1}),
+    ("bigbird", {"n_heads": 1, "seed": 0}),
+    ("linformer", {"n_heads": 1, "k": 16}),
+])
+def test_fast_paths_build_no_quadratic_tensor(name, options):
+    L = 1024
+    cls = mixers.mixer_class(name)
+    m = mixers.build(name, 8, causal=cls.supports_causal, max_len=L, **options)
+    x = torch.randn(1, L, 8, requires_grad=True)
+    with LargestTensor() as probe:
+        m(x).sum().backward()
+    assert probe.numel < L * L // 8, f"{name}: a tensor of {probe.numel} elements at L={L}"
+
+
+# ------------------------------------------------------------------------------- linformer
+
+
+def test_linformer_refuses_causal_and_needs_max_len():
+    with pytest.raises(ValueError, match="no causal form"):
+        mixers.build("linformer", 8, causal=True, max_len=16)
+    with pytest.raises(ValueError, match="needs max_len"):
+        mixers.build("linformer", 8, causal=False)
+    m = mixers.build("linformer", 8, causal=False, max_len=6, k=64)
+    assert m.k_len == 6 and m.E.shape == (6, 6), "k is capped at max_len"
+    with pytest.raises(ValueError, match="max_len=6"):
+        m(torch.randn(1, 7, 8))
+    assert not m.has_scores and not m.has_step
+    shared = mixers.build("linformer", 8, causal=False, max_len=6, share_kv=True)
+    assert shared.F is None
+
+
+def test_linformer_short_sequence_equals_zero_padded_keys():
+    """L < max_len uses the first L columns of E, F: the same as zero K, V rows up to max_len."""
+    torch.manual_seed(0)
+    m = mixers.build("linformer", 8, causal=False, max_len=12, n_heads=2, k=5).to(F64)
+    x = torch.randn(2, 7, 8, dtype=F64)
+    q, k, v = (getattr(m, f"{n}_proj")(x).view(2, 7, 2, 4).transpose(1, 2) for n in "qkv")
+    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, 5))  # noqa: E731
+    from seqmix.mixers.linformer import linformer_attention
+
+    y = linformer_attention(q, pad(k), pad(v), m.E, m.F)
+    torch.testing.assert_close(m(x), m.out_proj(y.transpose(1, 2).reshape(2, 7, 8)), atol=1e-12, rtol=0)
+    x2 = x.clone()
+    x2[:, -1] += 1.0
+    assert not torch.allclose(m(x2)[:, 0], m(x)[:, 0]), "non-causal: the last token reaches the first"
+
+
+# ----------------------------------------------------------------------------------- crate
+
+
+def test_ista_formula_by_hand():
+    """D = [[1, 2], [0, 1]], x = (1, −1): Dx = (−1, −1), DᵀDx = (−1, −3), Dᵀx = (1, 1);
+    x + 0.1·((1, 1) − (−1, −3)) − 0.01 = (1.19, −0.61) → ReLU → (1.19, 0)."""
+    from seqmix.mixers.crate import ISTA
+
+    ista = ISTA(2, d_ff=999, dropout=0.5).to(F64)
+    with torch.no_grad():
+        ista.weight.copy_(torch.tensor([[1.0, 2.0], [0.0, 1.0]]))
+    out = ista(torch.tensor([[1.0, -1.0]], dtype=F64))
+    torch.testing.assert_close(out, torch.tensor([[1.19, 0.0]], dtype=F64), atol=1e-15, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_crate_sdpa_equals_written_out_mssa(causal):
+    m = mixers.build("crate", 8, causal=causal, n_heads=2).to(F64)
+    x = torch.randn(2, 7, 8, dtype=F64)
+    torch.testing.assert_close(m(x), m.forward_reference(x), atol=1e-12, rtol=0)
+    assert m.qkv.bias is None, "the tied projection has no bias"
+    assert set(dict(m.named_parameters())) == {"qkv.weight", "to_out.weight", "to_out.bias"}
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_block_drops_the_residual_around_ista(norm):
+    torch.manual_seed(0)
+    block = Block("crate", 8, {"n_heads": 2}, d_ff=32, dropout=0.0, norm=norm).to(F64).eval()
+    h = torch.randn(2, 5, 8, dtype=F64)
+    if norm == "post":
+        mid = block.norm1(h + block.mixer(h))
+        expected = block.norm2(block.ffn(mid))
+    else:
+        mid = h + block.mixer(block.norm1(h))
+        expected = block.ffn(block.norm2(mid))
+    torch.testing.assert_close(block(h), expected, atol=1e-14, rtol=0)
+    # every other mixer keeps the residual around its feed-forward
+    soft = Block("softmax", 8, {"n_heads": 2}, d_ff=32, dropout=0.0, norm=norm).to(F64).eval()
+    if norm == "post":
+        mid = soft.norm1(h + soft.mixer(h))
+        expected = soft.norm2(mid + soft.ffn(mid))
+    else:
+        mid = h + soft.mixer(soft.norm1(h))
+        expected = mid + soft.ffn(soft.norm2(mid))
+    torch.testing.assert_close(soft(h), expected, atol=1e-14, rtol=0)
+
+
+def test_ista_dictionary_keeps_kaiming_init_in_the_lm():
+    d = 64
+    lm = CausalLM(LMConfig(arch="crate", vocab_size=50, max_len=16, d_model=d, n_layers=2,
+                           mixer_options={"n_heads": 4}))
+    bound = math.sqrt(6 / d)  # kaiming_uniform_, a = 0: U(−√(6/d), √(6/d)), std √(2/d) ≈ 0.18
+    for block in lm.blocks:
+        D = block.ffn.weight
+        assert D.abs().max() <= bound
+        assert 0.14 < D.std().item() < 0.22, "D lost its Kaiming-uniform init (GPT-2's is 0.02)"
