@@ -114,3 +114,15 @@ def test_budget_solver_matches_the_target_width():
     counts = {w: solve_budget(build, d_model=w, n_layers=2, params=None)[2] for w in (d - 16, d, d + 16)}
     assert n == 2 and count == counts[d]
     assert abs(count - 200_000) <= min(abs(counts[d - 16] - 200_000), abs(counts[d + 16] - 200_000))
+
+
+def test_zero_feed_forward_width_builds_a_mixer_only_stack():
+    from seqmix.models.budget import count_params
+    from seqmix.models.lm import CausalLM, LMConfig
+
+    with_ffn = CausalLM(LMConfig(arch="softmax", vocab_size=100, max_len=16, d_model=32, n_layers=2))
+    without = CausalLM(LMConfig(arch="softmax", vocab_size=100, max_len=16, d_model=32, n_layers=2, d_ff_mult=0))
+    mlp_and_norm = 2 * (32 * 128 + 128 + 128 * 32 + 32 + 2 * 32)  # per layer: fc1, fc2, LayerNorm
+    assert count_params(with_ffn) - count_params(without) == mlp_and_norm
+    assert all(b.ffn is None for b in without.blocks)
+    assert without(torch.randint(0, 100, (2, 16))).shape == (2, 16, 100)

@@ -44,9 +44,10 @@ class Block(nn.Module):
         super().__init__()
         self.mixer = mixers.build(arch, d_model, causal=causal, max_len=max_len, **mixer_options)
         ffn_cls = type(self.mixer).feedforward or MLP
-        self.ffn = ffn_cls(d_model, d_ff, dropout)
+        # d_ff = 0: no feed-forward at all (zoology's MQAR models, state_mixer = Identity).
+        self.ffn = ffn_cls(d_model, d_ff, dropout) if d_ff > 0 else None
         self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model) if self.ffn is not None else None
         self.drop = nn.Dropout(dropout)
         self.pre_norm = norm == "pre"
         self.gated = type(self.mixer).residual_in_mixer
@@ -55,11 +56,15 @@ class Block(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.pre_norm:
             h = h + self.drop(self.mixer(self.norm1(h)))
+            if self.ffn is None:
+                return h
             return h + self.drop(self.ffn(self.norm2(h))) if self.ffn_residual else self.ffn(self.norm2(h))
         if self.gated:
             h = self.drop(self.norm1(self.mixer(h)))
         else:
             h = self.norm1(h + self.drop(self.mixer(h)))
+        if self.ffn is None:
+            return h
         return self.norm2(h + self.drop(self.ffn(h))) if self.ffn_residual else self.norm2(self.ffn(h))
 
 
