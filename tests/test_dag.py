@@ -82,7 +82,12 @@ def test_the_dag_builds_a_report_from_this_runs_results(full_run):
 
     params = pd.read_csv(work / "results" / "summary" / "runs.csv").params
     assert all(f"{p:,}" in text for p in params)
-    assert "Undefined" not in (work / "paper" / "report.log").read_text()
+    assert "undefined" not in (work / "paper" / "report.log").read_text(errors="replace").lower()
+    # Generated LaTeX spells math symbols as LaTeX, not as Unicode pdflatex cannot set.
+    from seqmix.report.latex import UNICODE
+
+    for tex in (work / "paper" / "tables").glob("*.tex"):
+        assert not set(tex.read_text()) & set(UNICODE), tex
 
 
 def test_nothing_left_to_do_after_a_full_run(full_run):

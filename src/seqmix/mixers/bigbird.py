@@ -159,7 +159,7 @@ class BigBirdAttention(Mixer):
         self.out_proj = nn.Linear(d_model, d_model, bias=options.bias)
         seed = options.seed
         if seed is None:  # follow the run's seed; every layer gets its own pattern
-            seed = int(torch.randint(0, 2**31 - 1, ()).item())
+            seed = int(torch.randint(0, 2**31 - 1, (), device="cpu").item())
         self.register_buffer("pattern_seed", torch.tensor(seed, dtype=torch.long))
         self._seed = seed
         self._tables: dict[int, torch.Tensor] = {}

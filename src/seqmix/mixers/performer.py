@@ -224,7 +224,7 @@ class Performer(Mixer):
         self.out_proj = nn.Linear(d_model, d_model, bias=options.bias)
         seed = options.feature_seed
         if seed is None:  # follow the run's seed; every layer gets its own features
-            seed = int(torch.randint(0, 2**31 - 1, ()).item())
+            seed = int(torch.randint(0, 2**31 - 1, (), device="cpu").item())
         # Buffers, so that a checkpoint restores the features and the redraw schedule.
         # Python copies (``_seed``, ``_calls``) spare a device sync per forward.
         self.register_buffer("feature_seed", torch.tensor(seed, dtype=torch.long))

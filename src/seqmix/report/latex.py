@@ -10,9 +10,17 @@ from pathlib import Path
 import numpy as np
 
 
+# Characters results and claims use that pdflatex does not know in text mode.
+UNICODE = {"≥": r"$\geq$", "≤": r"$\leq$", "±": r"$\pm$", "×": r"$\times$", "−": "-", "–": "--",
+           "—": "---", "→": r"$\to$", "√": r"$\surd$", "∞": r"$\infty$", "°": r"$^\circ$",
+           "≈": r"$\approx$", "β": r"$\beta$", "γ": r"$\gamma$", "λ": r"$\lambda$", "Δ": r"$\Delta$",
+           "σ": r"$\sigma$", "μ": r"$\mu$", "π": r"$\pi$", "²": r"$^2$", "·": r"$\cdot$", "‖": r"$\|$"}
+
+
 def escape(text: str) -> str:
+    """Plain text (e.g. a data description or a claim) as LaTeX text."""
     repl = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-            "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
+            "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}", **UNICODE}
     return "".join(repl.get(c, c) for c in str(text))
 
 
