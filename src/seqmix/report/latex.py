@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 # Characters results and claims use that pdflatex does not know in text mode.
 UNICODE = {"≥": r"$\geq$", "≤": r"$\leq$", "±": r"$\pm$", "×": r"$\times$", "−": "-", "–": "--",
            "—": "---", "→": r"$\to$", "√": r"$\surd$", "∞": r"$\infty$", "°": r"$^\circ$",
