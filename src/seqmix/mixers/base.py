@@ -85,6 +85,31 @@ class Mixer(nn.Module):
         return f"d_model={self.d_model}, causal={self.causal}, options={self.options}"
 
 
+class HeadProjections:
+    """Mixin for the attention-style mixers (softmax, linear, performer, sliding window,
+    BigBird): Q, K, V and output projections d → d with bias, as in the paper's
+    Transformer (REFERENCE.md §1.5), split into ``n_heads`` heads of ``d_head``."""
+
+    def init_projections(self, d_model: int, n_heads: int, bias: bool) -> None:
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _split(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, L, d) -> (B, H, L, Dh)."""
+        B, L, _ = t.shape
+        return t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x: (B, H, L, Dh) each."""
+        return self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
+
+
 def linear_flops(tokens: int, d_in: int, d_out: int) -> float:
     """Multiply-adds of a dense layer counted as 2 FLOPs each."""
     return 2.0 * tokens * d_in * d_out

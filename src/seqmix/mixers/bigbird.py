@@ -35,9 +35,8 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from seqmix.mixers.base import Mixer, linear_flops
+from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 
 
 @dataclasses.dataclass
@@ -142,21 +141,14 @@ def block_sparse_attention(
     return torch.cat([torch.softmax(logits, dim=-1) @ v, y[:, :, n_rows:]], dim=2)
 
 
-class BigBirdAttention(Mixer):
+class BigBirdAttention(HeadProjections, Mixer):
     Options = BigBirdOptions
     has_scores = True
     has_step = True
 
     def __init__(self, d_model: int, options: BigBirdOptions, *, causal=True, max_len=None):
         super().__init__(d_model, options, causal=causal, max_len=max_len)
-        if d_model % options.n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={options.n_heads}")
-        self.n_heads = options.n_heads
-        self.d_head = d_model // options.n_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=options.bias)
+        self.init_projections(d_model, options.n_heads, options.bias)
         seed = options.seed
         if seed is None:  # follow the run's seed; every layer gets its own pattern
             seed = int(torch.randint(0, 2**31 - 1, (), device="cpu").item())
@@ -180,11 +172,6 @@ class BigBirdAttention(Mixer):
     def mask(self, L: int) -> torch.Tensor:
         o = self.options
         return bigbird_mask(L, o.block_size, self.table(L), o.n_global_blocks, self.causal)
-
-    def _heads(self, x: torch.Tensor):
-        B, L, _ = x.shape
-        split = lambda t: t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # noqa: E731
-        return split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
 
     def _out(self, y: torch.Tensor) -> torch.Tensor:
         B, H, L, Dh = y.shape

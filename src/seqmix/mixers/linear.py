@@ -23,9 +23,8 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from seqmix.mixers.base import Mixer, linear_flops
+from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 
 
 @dataclasses.dataclass
@@ -99,27 +98,18 @@ def causal_linear_attention(
     return out.reshape(B, H, N * C, Dv)[:, :, :L]
 
 
-class LinearAttention(Mixer):
+class LinearAttention(HeadProjections, Mixer):
     Options = LinearOptions
     has_scores = True
     has_step = True
 
     def __init__(self, d_model: int, options: LinearOptions, *, causal=True, max_len=None):
         super().__init__(d_model, options, causal=causal, max_len=max_len)
-        if d_model % options.n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={options.n_heads}")
-        self.n_heads = options.n_heads
-        self.d_head = d_model // options.n_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=options.bias)
+        self.init_projections(d_model, options.n_heads, options.bias)
 
     def _features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """φ(q), φ(k), v: (B, H, L, Dh) each."""
-        B, L, _ = x.shape
-        split = lambda t: t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # noqa: E731
-        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+        q, k, v = self._heads(x)
         return elu_feature_map(q), elu_feature_map(k), v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -42,9 +42,8 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from seqmix.mixers.base import Mixer, linear_flops
+from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 from seqmix.mixers.linear import noncausal_linear_attention
 
 
@@ -206,22 +205,15 @@ def causal_favor_attention(
     return num[:, :, :L] / den[:, :, :L]
 
 
-class Performer(Mixer):
+class Performer(HeadProjections, Mixer):
     Options = PerformerOptions
     has_scores = True
     has_step = True
 
     def __init__(self, d_model: int, options: PerformerOptions, *, causal=True, max_len=None):
         super().__init__(d_model, options, causal=causal, max_len=max_len)
-        if d_model % options.n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={options.n_heads}")
-        self.n_heads = options.n_heads
-        self.d_head = d_model // options.n_heads
+        self.init_projections(d_model, options.n_heads, options.bias)
         self.nb_features = options.nb_features or default_nb_features(self.d_head)
-        self.q_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=options.bias)
         seed = options.feature_seed
         if seed is None:  # follow the run's seed; every layer gets its own features
             seed = int(torch.randint(0, 2**31 - 1, (), device="cpu").item())
@@ -245,11 +237,6 @@ class Performer(Mixer):
     @torch.no_grad()
     def redraw_features(self, index: int) -> None:
         self.omega.copy_(self._draw(index))
-
-    def _heads(self, x: torch.Tensor):
-        B, L, _ = x.shape
-        split = lambda t: t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # noqa: E731
-        return split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
 
     def _favor_inputs(self, x: torch.Tensor):
         """φ(q), the keys' log-features and projections, and v: (B, H, L, ·) each."""

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqmix.mixers.base import Mixer, linear_flops
+from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 
 
 @dataclasses.dataclass
@@ -148,32 +148,18 @@ def pattern_row_counts(L: int, window: int, n_global: int, causal: bool) -> torc
     return torch.where(i < g, torch.full_like(i, L), local + extra)
 
 
-class SlidingWindowAttention(Mixer):
+class SlidingWindowAttention(HeadProjections, Mixer):
     Options = SlidingWindowOptions
     has_scores = True
     has_step = True
 
     def __init__(self, d_model: int, options: SlidingWindowOptions, *, causal=True, max_len=None):
         super().__init__(d_model, options, causal=causal, max_len=max_len)
-        if d_model % options.n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={options.n_heads}")
-        self.n_heads = options.n_heads
-        self.d_head = d_model // options.n_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=options.bias)
+        self.init_projections(d_model, options.n_heads, options.bias)
         if options.global_projections:
             self.q_global = nn.Linear(d_model, d_model, bias=options.bias)
             self.k_global = nn.Linear(d_model, d_model, bias=options.bias)
             self.v_global = nn.Linear(d_model, d_model, bias=options.bias)
-
-    def _split(self, t: torch.Tensor) -> torch.Tensor:
-        B, L, _ = t.shape
-        return t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, Dh)
-
-    def _heads(self, x: torch.Tensor):
-        return self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
 
     def _global_rows(self, x: torch.Tensor) -> torch.Tensor:
         """The g global tokens' rows with Q_g, K_g, V_g: (B, H, g, Dh)."""

@@ -13,9 +13,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from seqmix.mixers.base import Mixer, linear_flops
+from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 
 
 @dataclasses.dataclass
@@ -35,26 +34,14 @@ def attention_reference(q, k, v, causal: bool) -> torch.Tensor:
     return torch.softmax(logits, dim=-1) @ v
 
 
-class SoftmaxAttention(Mixer):
+class SoftmaxAttention(HeadProjections, Mixer):
     Options = SoftmaxOptions
     has_scores = True
     has_step = True
 
     def __init__(self, d_model: int, options: SoftmaxOptions, *, causal=True, max_len=None):
         super().__init__(d_model, options, causal=causal, max_len=max_len)
-        if d_model % options.n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={options.n_heads}")
-        self.n_heads = options.n_heads
-        self.d_head = d_model // options.n_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=options.bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=options.bias)
-
-    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, L, _ = x.shape
-        split = lambda t: t.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # noqa: E731
-        return split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+        self.init_projections(d_model, options.n_heads, options.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, D = x.shape

@@ -23,6 +23,16 @@ def batch_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
+def causal_lm(spec: dict, vocab_size: int, max_len: int, d_model: int, n_layers: int) -> CausalLM:
+    """The causal LM of a run (WikiText-2, MQAR) at a given size."""
+    m = spec["model"]
+    return CausalLM(LMConfig(
+        arch=spec["arch"], vocab_size=vocab_size, max_len=max_len, d_model=d_model, n_layers=n_layers,
+        d_ff_mult=m["d_ff_mult"], dropout=m["dropout"], norm=m["norm"],
+        tie_embeddings=m["tie_embeddings"], mixer_options=spec["mixer_options"],
+    ))
+
+
 class Task:
     name: str
     metric: str  # the primary evaluation metric
@@ -77,12 +87,7 @@ class WikiTextTask(Task):
         return self.tokens[split]
 
     def build_model(self, d_model, n_layers):
-        m = self.spec["model"]
-        return CausalLM(LMConfig(
-            arch=self.spec["arch"], vocab_size=self.vocab_size, max_len=self.block,
-            d_model=d_model, n_layers=n_layers, d_ff_mult=m["d_ff_mult"], dropout=m["dropout"],
-            norm=m["norm"], tie_embeddings=m["tie_embeddings"], mixer_options=self.spec["mixer_options"],
-        ))
+        return causal_lm(self.spec, self.vocab_size, self.block, d_model, n_layers)
 
     def train_batch(self, step, batch_size, device):
         data = self.stream(self.cfg["train_split"])
@@ -138,12 +143,7 @@ class MQARTask(Task):
         return self.arrays[split]
 
     def build_model(self, d_model, n_layers):
-        m = self.spec["model"]
-        return CausalLM(LMConfig(
-            arch=self.spec["arch"], vocab_size=self.cfg["vocab_size"], max_len=self.cfg["seq_len"],
-            d_model=d_model, n_layers=n_layers, d_ff_mult=m["d_ff_mult"], dropout=m["dropout"],
-            norm=m["norm"], tie_embeddings=m["tie_embeddings"], mixer_options=self.spec["mixer_options"],
-        ))
+        return causal_lm(self.spec, self.cfg["vocab_size"], self.cfg["seq_len"], d_model, n_layers)
 
     def train_batch(self, step, batch_size, device):
         inputs, labels = self.split("train")
