@@ -169,3 +169,18 @@ def test_model_sparsity_rows(name):
         assert len(att) == 2 * TINY[name]["n_heads"] and all(r["rows"] == 3 * 9 for r in att)
     else:
         assert att == []
+
+
+def test_jacobian_positions_take_exact_rows_at_fewer_queries():
+    torch.manual_seed(0)
+    model = CausalLM(LMConfig(arch="grassmann", vocab_size=50, max_len=12, d_model=8, n_layers=1,
+                              mixer_options=TINY.get("grassmann", {})))
+    seqs = torch.randint(0, 50, (2, 12))
+    full = model_sparsity(model, seqs, min_row_len=4, jacobian_sequences=2, chunk=32)
+    some = model_sparsity(model, seqs, min_row_len=4, jacobian_sequences=2, chunk=32, jacobian_positions=3)
+    jf = next(r for r in full if r["kind"] == "jacobian")
+    js = next(r for r in some if r["kind"] == "jacobian")
+    assert jf["rows"] == 2 * 9 and js["rows"] == 2 * 3
+    # Positions 3, 7, 11 (evenly over 3..11): one-hot S and row lengths of those rows only.
+    assert js["row_len_mean"] == pytest.approx((4 + 8 + 12) / 3)
+    assert js["S_onehot_mean"] == pytest.approx(sum(1 / math.sqrt(n) for n in (4, 8, 12)) / 3)

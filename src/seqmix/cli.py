@@ -101,6 +101,16 @@ def cmd_complexity(args) -> int:
     return 0
 
 
+def finished_runs(cfg: dict, task: str, keep=lambda arch: True) -> list[Path]:
+    """Run directories of ``task`` whose training finished (status ok), for analyses."""
+    out = []
+    for t, arch, seed in runs(cfg):
+        d = run_dir(cfg, t, arch, seed)
+        if t == task and keep(arch) and json.loads((d / "metrics.json").read_text())["status"] == "ok":
+            out.append(d)
+    return out
+
+
 def cmd_sparsity(args) -> int:
     import torch
 
@@ -110,18 +120,32 @@ def cmd_sparsity(args) -> int:
     scfg = cfg["analysis"]["sparsity"]
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.run:
+        ok = json.loads((Path(args.run) / "metrics.json").read_text())["status"] == "ok"
+        dirs = [Path(args.run)] if ok else []  # a diverged run has no attention to measure
+    else:
+        dirs = finished_runs(cfg, scfg["task"])
     rows = []
-    for task, arch, seed in runs(cfg):
-        if task != scfg["task"]:
-            continue
-        d = run_dir(cfg, task, arch, seed)
-        metrics = json.loads((d / "metrics.json").read_text())
-        if metrics["status"] != "ok":
-            continue
+    for d in dirs:
         rows.extend(measured_sparsity(d, scfg["split"], scfg["num_sequences"], scfg["min_row_len"],
-                                      scfg["jacobian_sequences"], scfg["jacobian_chunk"]))
+                                      scfg["jacobian_sequences"], scfg["jacobian_chunk"],
+                                      scfg["jacobian_positions"]))
     _write_csv(Path(args.out), rows, FIELDS)
     print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
+def cmd_concat(args) -> int:
+    """Concatenate CSVs with one header (per-run analysis tables into one)."""
+    import pandas as pd
+
+    frames = [pd.read_csv(p) for p in args.inputs]
+    header = list(frames[0].columns)
+    for p, f in zip(args.inputs, frames):
+        if list(f.columns) != header:
+            raise ValueError(f"{p} has columns {list(f.columns)}, expected {header}")
+    pd.concat(frames, ignore_index=True).to_csv(args.out, index=False)
+    print(f"wrote {sum(len(f) for f in frames)} rows from {len(frames)} files to {args.out}")
     return 0
 
 
@@ -146,13 +170,7 @@ def cmd_geometry(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = []
-    for task, arch, seed in runs(cfg):
-        if task != gcfg["task"] or not has_geometry(mixers.mixer_class(arch)):
-            continue
-        d = run_dir(cfg, task, arch, seed)
-        metrics = json.loads((d / "metrics.json").read_text())
-        if metrics["status"] != "ok":
-            continue
+    for d in finished_runs(cfg, gcfg["task"], lambda arch: has_geometry(mixers.mixer_class(arch))):
         rows.extend(run_geometry(d, gcfg["split"], gcfg["num_sequences"], gcfg["max_quadruples"],
                                  gcfg["tssa_eps"], gcfg["seed"]))
     _write_csv(Path(args.out), rows, FIELDS)
@@ -227,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-len", type=int, default=128)
     sp.add_argument("--config-options", action="store_true", help="use the mixer options of --config")
 
+    sp = sub.add_parser("concat", help="concatenate CSVs with the same columns", description="concatenate CSVs with the same columns")
+    sp.add_argument("inputs", nargs="+")
+    sp.add_argument("--out", required=True)
+    sp.set_defaults(func=cmd_concat)
+
     sp = add("collect", cmd_collect, "gather every run's metrics into one CSV")
     sp.add_argument("--out", default="results/summary/runs.csv")
 
@@ -240,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quiet", action="store_true")
 
     sp = add("sparsity", cmd_sparsity, "Su's sparsity of trained models' attention rows and Jacobians")
+    sp.add_argument("--run", help="one run directory (default: every finished run of the analysis task)")
     sp.add_argument("--out", default="results/analysis/sparsity.csv")
     sp.add_argument("--threads", type=int, default=None)
 

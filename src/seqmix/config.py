@@ -13,7 +13,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,29 +48,31 @@ def _inline_refs(node: Any, definitions: Mapping[str, Any]) -> Any:
     return node
 
 
-def _fill_defaults(validator, properties, instance, schema) -> Iterator:
-    if isinstance(instance, dict):
-        for name, sub in properties.items():
-            if name not in instance and isinstance(sub, dict) and "default" in sub:
-                instance[name] = copy.deepcopy(sub["default"])
-    yield from jsonschema.Draft7Validator.VALIDATORS["properties"](
-        validator, properties, instance, schema
-    )
+def _default_filling_validator(schema: dict):
+    """A Draft-7 validator that fills in schema defaults while it validates."""
+    # Imported here: jsonschema takes ~2 s to import (its format checkers), and training and
+    # evaluation jobs, which receive an already validated spec, never need it.
+    import jsonschema
+
+    def fill_defaults(validator, properties, instance, schema) -> Iterator:
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if name not in instance and isinstance(sub, dict) and "default" in sub:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from jsonschema.Draft7Validator.VALIDATORS["properties"](validator, properties, instance, schema)
+
+    cls = jsonschema.validators.extend(jsonschema.Draft7Validator, {"properties": fill_defaults})
+    return cls(schema)
 
 
-_DefaultFillingValidator = jsonschema.validators.extend(
-    jsonschema.Draft7Validator, {"properties": _fill_defaults}
-)
-
-
-def _key_path(error: jsonschema.ValidationError) -> str:
+def _key_path(error) -> str:
     parts: list[str] = []
     for p in error.absolute_path:
         parts.append(f"[{p}]" if isinstance(p, int) else (f".{p}" if parts else str(p)))
     return "".join(parts) or "<top level>"
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
+def _describe(error) -> str:
     key = _key_path(error)
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
@@ -99,7 +100,7 @@ def validate_config(config: Mapping[str, Any], source: str = "config") -> dict:
     values, before any work starts.
     """
     resolved = copy.deepcopy(dict(config))
-    validator = _DefaultFillingValidator(load_schema())
+    validator = _default_filling_validator(load_schema())
     errors = sorted(validator.iter_errors(resolved), key=lambda e: list(e.absolute_path))
     # Defaults are filled while validating, so a second pass sees the complete tree.
     if not errors:

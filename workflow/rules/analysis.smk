@@ -20,8 +20,10 @@ rule complexity:
         cfg=lambda w: analysis_config("complexity"),
     log:
         f"{RESULTS}/logs/analysis/complexity.log",
-    # All cores: timings are taken with nothing else running.
+    # All cores: timings are taken with nothing else running; first, so that it does not
+    # wait for a moment when both cores are free at the end of the DAG.
     threads: workflow.cores
+    priority: 100
     conda:
         "../../envs/seqmix.yaml"
     shell:
@@ -29,20 +31,36 @@ rule complexity:
         "--out {output.csv} --fit-out {output.fit} > {log} 2>&1"
 
 
-rule sparsity:
+rule sparsity_run:
+    # One job per trained run, so the Jacobians are computed while other runs still train.
     input:
-        lambda w: all_runs("model.pt", task=config["analysis"]["sparsity"]["task"]),
+        f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/model.pt",
     output:
-        f"{RESULTS}/analysis/sparsity.csv",
+        f"{RESULTS}/analysis/sparsity/{{task}}/{{arch}}/seed{{seed}}.csv",
     params:
         cfg=lambda w: analysis_config("sparsity"),
     log:
-        f"{RESULTS}/logs/analysis/sparsity.log",
+        f"{RESULTS}/logs/analysis/sparsity/{{task}}/{{arch}}/seed{{seed}}.log",
     threads: 1
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix sparsity --config {params.cfg:q} --threads {threads} --out {output} > {log} 2>&1"
+        "python -m seqmix sparsity --config {params.cfg:q} --threads {threads} "
+        "--run $(dirname {input}) --out {output} > {log} 2>&1"
+
+
+rule sparsity:
+    input:
+        lambda w: [f"{RESULTS}/analysis/sparsity/{t}/{a}/seed{s}.csv" for t, a, s in RUNS
+                   if t == config["analysis"]["sparsity"]["task"]],
+    output:
+        f"{RESULTS}/analysis/sparsity.csv",
+    log:
+        f"{RESULTS}/logs/analysis/sparsity.log",
+    conda:
+        "../../envs/seqmix.yaml"
+    shell:
+        "python -m seqmix concat {input} --out {output} > {log} 2>&1"
 
 
 rule sparsity_analytic:

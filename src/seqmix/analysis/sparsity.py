@@ -74,8 +74,10 @@ def row_stats(scores: torch.Tensor, causal: bool, min_row_len: int) -> list[dict
     out = []
     for h in range(H):
         s = S[:, h, keep].reshape(-1)
-        s = s[torch.isfinite(s)]
-        n = row_len[keep].double()
+        # Rows not computed (NaN, e.g. Jacobian rows left out) are left out of every statistic.
+        finite = torch.isfinite(s)
+        s = s[finite]
+        n = row_len[keep].double().expand(B, -1).reshape(-1)[finite]
         out.append({
             "head": h, "rows": int(s.numel()), "S_mean": s.mean().item(), "S_std": s.std().item(),
             "S_median": s.median().item(), "S_onehot_mean": (1 / n.sqrt()).mean().item(),
@@ -113,12 +115,15 @@ def model_sparsity(
     min_row_len: int = 16,
     jacobian_sequences: int = 2,
     chunk: int = 512,
+    jacobian_positions: int | None = None,
 ) -> list[dict]:
     """Rows of sparsity.csv (without the run columns) for a causal LM reading ``seqs`` (N, L).
 
     kind=attention per layer and head for mixers with scores; kind=jacobian per layer for
     every mixer, on the first ``jacobian_sequences`` sequences (L·d vector-Jacobian
-    products each; 0 skips them).
+    products each; 0 skips them), at every kept query position or at
+    ``jacobian_positions`` of them spread evenly over the sequence (each row exact; fewer
+    rows only trade coverage for time).
     """
     from seqmix.analysis.jacobian import effective_attention
 
@@ -138,7 +143,10 @@ def model_sparsity(
             h_jac = h[:jacobian_sequences]
             L = h_jac.shape[1]
             # Only the rows row_stats keeps: t + 1 ≥ min_len visible keys when causal.
-            kept = list(range(min_len - 1, L)) if mixer.causal else None
+            kept = list(range(min_len - 1, L)) if mixer.causal else list(range(L))
+            if jacobian_positions is not None and jacobian_positions < len(kept):
+                pick = torch.linspace(0, len(kept) - 1, jacobian_positions).round().long().unique()
+                kept = [kept[i] for i in pick.tolist()]
             eff = effective_attention(mixer, h_jac, positions=kept, chunk=chunk)[:, None]  # (B, 1, L, L)
             for r in row_stats(eff, mixer.causal, min_len):
                 rows.append({**common, "kind": "jacobian", "layer": layer, "sequences": len(h_jac),
@@ -153,6 +161,7 @@ def measured_sparsity(
     min_row_len: int = 16,
     jacobian_sequences: int = 2,
     chunk: int = 512,
+    jacobian_positions: int | None = None,
 ) -> list[dict]:
     """sparsity.csv rows of one trained run on ``num_sequences`` held-out sequences."""
     from seqmix.train.evaluate import load_run
@@ -160,4 +169,5 @@ def measured_sparsity(
     model, task, spec = load_run(run_dir)
     seqs = heldout_sequences(task, spec, split, num_sequences)
     run = {"task": spec["task"], "arch": spec["arch"], "seed": spec["seed"]}
-    return [{**run, **r} for r in model_sparsity(model, seqs, min_row_len, jacobian_sequences, chunk)]
+    rows = model_sparsity(model, seqs, min_row_len, jacobian_sequences, chunk, jacobian_positions)
+    return [{**run, **r} for r in rows]
