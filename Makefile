@@ -39,9 +39,11 @@ latex:
 
 report: install latex
 	snakemake --profile workflow/profiles/default --cores $(CORES)
+	snakemake --report paper/report.html
 
 paper: install latex
 	snakemake --profile workflow/profiles/default --cores $(CORES) --configfile config/paper.yaml
+	snakemake --report paper/report.html --configfile config/paper.yaml
 
 test: install latex
 	python -m pytest
@@ -53,4 +55,4 @@ lint: install
 	ruff check src kernels tests notebooks
 
 clean:
-	rm -rf results/runs results/analysis results/summary results/notebooks results/logs paper/figures paper/tables paper/report.pdf
+	rm -rf results/runs results/analysis results/summary results/notebooks results/logs paper/figures paper/tables paper/report.pdf paper/report.html

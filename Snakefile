@@ -15,6 +15,9 @@ from seqmix.config import ConfigError, validate_config  # noqa: E402  (yaml + js
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 try:
     _resolved = validate_config(config, source="the snakemake config")
 except ConfigError as _e:

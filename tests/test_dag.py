@@ -90,6 +90,16 @@ def test_the_dag_builds_a_report_from_this_runs_results(full_run):
         assert not set(tex.read_text()) & set(UNICODE), tex
 
 
+def test_the_html_report_shows_every_figure_of_the_run(full_run):
+    src, work = full_run
+    html = work / "paper" / "report.html"
+    snakemake(src, work, "--report", str(html), "--configfile", str(work / "tiny.yaml"))
+    text = html.read_text(errors="replace")
+    for fig in (work / "paper" / "figures").glob("*.pdf"):
+        assert fig.name in text, f"{fig.name} missing from the HTML report"
+    assert "report.pdf" in text
+
+
 def test_nothing_left_to_do_after_a_full_run(full_run):
     src, work = full_run
     proc = snakemake(src, work, "-n", "--configfile", str(work / "tiny.yaml"))

@@ -13,6 +13,14 @@ def notebook_outputs(name):
     return [f"paper/figures/{f}.pdf" for f in nb["figures"]] + [f"paper/tables/{t}.tex" for t in nb["tables"]]
 
 
+def notebook_outputs_for_report(name):
+    # The same files, figures flagged for `snakemake --report` (the HTML beside the PDF).
+    # (`report` cannot start a line here: the Snakemake parser reads it as a keyword.)
+    caption = str(SRC / "workflow" / "report" / "figure.rst")
+    flagged = [report(f, caption=caption, category=name) for f in notebook_outputs(name) if f.endswith(".pdf")]
+    return flagged + [f for f in notebook_outputs(name) if not f.endswith(".pdf")]
+
+
 def notebook_inputs(name):
     files = []
     for item in NOTEBOOKS[name]["inputs"]:
@@ -44,7 +52,7 @@ for _name in NOTEBOOKS:
             notebook=str(SRC / "notebooks" / f"{_name}.ipynb"),
             results=notebook_inputs(_name),
         output:
-            outputs=notebook_outputs(_name),
+            outputs=notebook_outputs_for_report(_name),
             executed=f"{RESULTS}/notebooks/{_name}.ipynb",
         params:
             papermill=notebook_params(_name),
@@ -67,7 +75,7 @@ rule report:
         sources=REPORT_SOURCES,
         generated=[f for name in NOTEBOOKS for f in notebook_outputs(name)],
     output:
-        "paper/report.pdf",
+        report("paper/report.pdf", caption=str(SRC / "workflow" / "report" / "report.rst"), category="report"),
     params:
         src=str(SRC / "paper"),
     log:
