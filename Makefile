@@ -39,11 +39,11 @@ latex:
 
 report: install latex
 	snakemake --profile workflow/profiles/default --cores $(CORES)
-	snakemake --report paper/report.html
+	snakemake --cores $(CORES) --report paper/report.html
 
 paper: install latex
 	snakemake --profile workflow/profiles/default --cores $(CORES) --configfile config/paper.yaml
-	snakemake --report paper/report.html --configfile config/paper.yaml
+	snakemake --cores $(CORES) --report paper/report.html --configfile config/paper.yaml
 
 test: install latex
 	python -m pytest

@@ -1,7 +1,9 @@
 """The claims table: each claim of paper/claims.yaml evaluated against this pipeline's
 results files, with our value ± 95% CI, what it was measured on, and a verdict:
 
-- ``agrees`` / ``disagrees``: the measurement meets / misses the claim's ``agree_if``;
+- ``agrees`` / ``disagrees``: the measurement's 95% interval lies inside / outside the
+  claim's ``agree_if`` (a value with no interval, e.g. a closed form, by itself);
+- ``inconclusive``: the interval straddles a bound of ``agree_if``: the runs cannot tell;
 - ``not testable``: the runs do not reach the scale the claim is about (``requires``), or
   the architecture was not run; the reason is given. Our value is still shown.
 
@@ -24,7 +26,7 @@ from seqmix.report.latex import mean_ci
 KINDS = ("relative_gap", "accuracy_difference", "metric_threshold", "complexity_exponent",
          "su_closed_form", "measured_sparsity")
 REQUIRED_KEYS = {"id", "claim", "source", "reported", "kind", "unit", "agree_if", "requires"}
-VERDICTS = ("agrees", "disagrees", "not testable")
+VERDICTS = ("agrees", "disagrees", "inconclusive", "not testable")
 
 
 class ClaimsError(ValueError):
@@ -83,6 +85,19 @@ class Results:
 def within(value: float, agree_if: dict) -> bool:
     return ("min" not in agree_if or value >= agree_if["min"]) and (
         "max" not in agree_if or value <= agree_if["max"])
+
+
+def judge(mean: float, half: float, agree_if: dict) -> str:
+    """agrees when all of [mean - half, mean + half] meets agree_if, disagrees when none of
+    it does, inconclusive when it straddles a bound. No interval (NaN: one seed) judges
+    the mean alone."""
+    half = 0.0 if math.isnan(half) else abs(half)
+    low, high = mean - half, mean + half
+    if within(low, agree_if) and within(high, agree_if):
+        return "agrees"
+    if high < agree_if.get("min", -math.inf) or low > agree_if.get("max", math.inf):
+        return "disagrees"
+    return "inconclusive"
 
 
 def criterion(agree_if: dict) -> str:
@@ -172,7 +187,7 @@ def eval_complexity(res: Results, claim: dict) -> ClaimResult:
     archs = claim["arch"] if isinstance(claim["arch"], list) else [claim["arch"]]
     if fits is None:
         return _result(claim, float("nan"), float("nan"), "--", "not testable", "no complexity measurement")
-    parts, failures, short, values = [], [], [], []
+    parts, judged, short, values = [], {}, [], []
     for arch in archs:
         for measure in claim["measures"]:
             f = fits[(fits.arch == arch) & (fits.measure == measure)]
@@ -186,8 +201,8 @@ def eval_complexity(res: Results, claim: dict) -> ClaimResult:
             values.append(f.slope)
             if f.max_len < claim["requires"].get("min_length", 0):
                 short.append(f"{arch} measured only up to L = {int(f.max_len)}")
-            if not within(f.slope, claim["agree_if"]):
-                failures.append(f"{arch} {label} exponent {f.slope:.2f}")
+            judged[f"{arch} {label} exponent {f.slope:.2f} [{f.ci_low:.2f}, {f.ci_high:.2f}]"] = judge(
+                f.slope, half, claim["agree_if"])
     f0 = fits[fits.arch.isin(archs)]
     on = (f"one layer on {f0.device.iloc[0]}, fit over L = {int(f0.min_len.min())}--{int(f0.max_len.max())}"
           if len(f0) else "--")
@@ -195,9 +210,16 @@ def eval_complexity(res: Results, claim: dict) -> ClaimResult:
     if short or not values:
         return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], "; ".join(parts) or "--",
                            value, on, "not testable", "; ".join(short) or "not measured")
-    verdict = "disagrees" if failures else "agrees"
-    why = (f"outside {criterion(claim['agree_if'])}: " + ", ".join(failures)) if failures else \
-        f"every exponent {criterion(claim['agree_if'])}"
+    # One exponent outside the band disagrees; all inside agree; otherwise the CIs cannot tell.
+    outside = [k for k, v in judged.items() if v == "disagrees"]
+    straddle = [k for k, v in judged.items() if v == "inconclusive"]
+    band = criterion(claim["agree_if"])
+    if outside:
+        verdict, why = "disagrees", f"outside {band}: " + ", ".join(outside)
+    elif straddle:
+        verdict, why = "inconclusive", f"95% CI straddles {band}: " + ", ".join(straddle)
+    else:
+        verdict, why = "agrees", f"every exponent and its 95% CI {band}"
     return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], "; ".join(parts),
                        value, on, verdict, why)
 
@@ -258,9 +280,11 @@ def _decide(claim: dict, mean: float, half: float, measured_on: str, unmet: list
         return _result(claim, mean, half, measured_on, "not testable", "; ".join(unmet))
     if math.isnan(mean):
         return _result(claim, mean, half, measured_on, "not testable", "no finished run")
-    ok = within(mean, claim["agree_if"])
-    why = f"{claim['unit']} {_fmt(mean, half)} {'meets' if ok else 'misses'} {criterion(claim['agree_if'])}"
-    return _result(claim, mean, half, measured_on, "agrees" if ok else "disagrees", why)
+    verdict = judge(mean, half, claim["agree_if"])
+    verb = {"agrees": "meets", "disagrees": "misses", "inconclusive": "straddles"}[verdict]
+    ci = "" if math.isnan(half) else " (95% CI)"
+    why = f"{claim['unit']} {_fmt(mean, half)}{ci} {verb} {criterion(claim['agree_if'])}"
+    return _result(claim, mean, half, measured_on, verdict, why)
 
 
 def _result(claim, mean, half, measured_on, verdict, why) -> ClaimResult:
