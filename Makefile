@@ -15,7 +15,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: install latex report paper test test-all lint clean help
 
 help:
-	@echo "make report   build paper/report.pdf with the quick profile (CPU, ~30 min)"
+	@echo "make report   build paper/report.pdf and report.html with the quick profile (CPU, ~25 min)"
 	@echo "make paper    build it with config/paper.yaml (GPU)"
 	@echo "make test     run the test suite"
 	@echo "make lint     ruff check"
