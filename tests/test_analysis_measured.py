@@ -184,3 +184,58 @@ def test_jacobian_positions_take_exact_rows_at_fewer_queries():
     # Positions 3, 7, 11 (evenly over 3..11): one-hot S and row lengths of those rows only.
     assert js["row_len_mean"] == pytest.approx((4 + 8 + 12) / 3)
     assert js["S_onehot_mean"] == pytest.approx(sum(1 / math.sqrt(n) for n in (4, 8, 12)) / 3)
+
+
+def test_model_sparsity_reads_a_noncausal_pair_classifier():
+    # Linformer has no causal form: it is measured on its SNLI encoder, every row over all
+    # L positions (no padding in the cropped pairs).
+    from seqmix.models.classifier import ClassifierConfig, PairClassifier
+
+    torch.manual_seed(0)
+    model = PairClassifier(ClassifierConfig(arch="linformer", vocab_size=50, max_len=10, d_model=8, n_layers=2,
+                                            mixer_options=TINY["linformer"]))
+    ids = torch.randint(0, 50, (3, 10))
+    seg = (torch.arange(10) >= 6).long().expand(3, 10)
+    rows = model_sparsity(model, (ids, seg, torch.ones_like(ids, dtype=torch.bool)), min_row_len=4,
+                          jacobian_sequences=2, chunk=32)
+    jac = [r for r in rows if r["kind"] == "jacobian"]
+    assert [r["layer"] for r in jac] == [0, 1]
+    assert all(r["rows"] == 2 * 10 and r["row_len_mean"] == 10 and r["seq_len"] == 10 for r in jac)
+    assert all(1 / math.sqrt(10) <= r["S_mean"] <= 1 for r in jac)
+
+
+def test_sparsity_measures_every_architecture_of_the_quick_config():
+    from seqmix.config import NONCAUSAL_ONLY, load_config, sparsity_runs
+
+    from .conftest import REPO
+
+    cfg = load_config(REPO / "config" / "config.yaml")
+    measured = sparsity_runs(cfg)
+    assert {a for _, a, _ in measured} == set(cfg["architectures"])
+    task = cfg["analysis"]["sparsity"]["task"]
+    assert all(t == task for t, a, _ in measured if a not in NONCAUSAL_ONLY)
+    assert {(t, s) for t, a, s in measured if a == "linformer"} == {("snli", s) for s in cfg["seeds"]}
+    without = {**cfg, "analysis": {**cfg["analysis"], "sparsity": {**cfg["analysis"]["sparsity"],
+                                                                    "fallback_task": None}}}
+    assert "linformer" not in {a for _, a, _ in sparsity_runs(without)}
+
+
+def test_heldout_pairs_are_cropped_without_padding():
+    import numpy as np
+
+    from seqmix.analysis.sparsity import heldout_pairs
+    from seqmix.train.tasks import SNLITask
+
+    task = SNLITask.__new__(SNLITask)  # the collate logic only: arrays and special ids
+    task.specials = {"[CLS]": 1, "[SEP]": 2, "[PAD]": 0}
+    premise_lens, hyp_lens = [3, 6, 2, 5], [2, 3, 1, 4]  # rows of 8, 12, 6, 12 tokens
+    task.arrays = {"validation": {
+        "premise": np.arange(10, 10 + sum(premise_lens)), "premise_offsets": np.cumsum([0, *premise_lens]),
+        "hypothesis": np.arange(50, 50 + sum(hyp_lens)), "hypothesis_offsets": np.cumsum([0, *hyp_lens]),
+        "labels": np.zeros(4, np.int64)}}
+    ids, seg, mask = heldout_pairs(task, "validation", num_sequences=5, seq_len=10)
+    assert ids.shape == (2, 10) and bool(mask.all()) and not bool((ids == 0).any())
+    assert ids[0, 0] == 1 and ids[0, 7] == 2  # [CLS] + 6 premise tokens + [SEP] of pair 1
+    assert seg[0].tolist() == [0] * 8 + [1] * 2
+    with pytest.raises(ValueError, match="snli_seq_len"):
+        heldout_pairs(task, "validation", num_sequences=5, seq_len=13)

@@ -13,7 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-from seqmix.config import ConfigError, data_spec, load_config, run_dir, run_spec, runs
+from seqmix.config import (
+    ConfigError,
+    data_spec,
+    load_config,
+    run_dir,
+    run_spec,
+    runs,
+    sparsity_runs,
+)
 
 DEFAULT_CONFIG = "config/config.yaml"
 
@@ -124,12 +132,14 @@ def cmd_sparsity(args) -> int:
         ok = json.loads((Path(args.run) / "metrics.json").read_text())["status"] == "ok"
         dirs = [Path(args.run)] if ok else []  # a diverged run has no attention to measure
     else:
-        dirs = finished_runs(cfg, scfg["task"])
+        wanted = set(sparsity_runs(cfg))
+        dirs = [d for task in {t for t, _, _ in wanted} for d in finished_runs(cfg, task)
+                if (task, d.parent.name, int(d.name.removeprefix("seed"))) in wanted]
     rows = []
     for d in dirs:
         rows.extend(measured_sparsity(d, scfg["split"], scfg["num_sequences"], scfg["min_row_len"],
                                       scfg["jacobian_sequences"], scfg["jacobian_chunk"],
-                                      scfg["jacobian_positions"]))
+                                      scfg["jacobian_positions"], scfg["snli_seq_len"]))
     _write_csv(Path(args.out), rows, FIELDS)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0

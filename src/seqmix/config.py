@@ -164,6 +164,19 @@ def runs(cfg: Mapping) -> list[tuple[str, str, int]]:
     return out
 
 
+def sparsity_runs(cfg: Mapping) -> list[tuple[str, str, int]]:
+    """The runs whose trained attention the sparsity analysis measures: every run of
+    ``analysis.sparsity.task``, and, for architectures with no run on it (non-causal-only
+    mixers on a language-model task), their runs of ``analysis.sparsity.fallback_task``."""
+    scfg = cfg["analysis"]["sparsity"]
+    all_runs = runs(cfg)
+    primary = [r for r in all_runs if r[0] == scfg["task"]]
+    covered = {arch for _, arch, _ in primary}
+    fallback = scfg.get("fallback_task")
+    extra = [r for r in all_runs if fallback and r[0] == fallback and r[1] not in covered]
+    return primary + extra
+
+
 # Architectures with no causal form (they mix all positions); kept here, not in the mixer
 # modules, because the Snakefile needs it without importing torch. A test holds it equal to
 # the registry's `supports_causal` flags.

@@ -51,8 +51,7 @@ rule sparsity_run:
 
 rule sparsity:
     input:
-        lambda w: [f"{RESULTS}/analysis/sparsity/{t}/{a}/seed{s}.csv" for t, a, s in RUNS
-                   if t == config["analysis"]["sparsity"]["task"]],
+        lambda w: [f"{RESULTS}/analysis/sparsity/{t}/{a}/seed{s}.csv" for t, a, s in sparsity_runs(config)],
     output:
         f"{RESULTS}/analysis/sparsity.csv",
     log:

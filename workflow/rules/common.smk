@@ -1,7 +1,7 @@
 # Shared helpers for the rules: run lists and the per-job JSON the commands receive.
 import json
 
-from seqmix.config import data_spec, run_spec, runs
+from seqmix.config import data_spec, run_spec, runs, sparsity_runs
 
 RESULTS = config["results_dir"]
 DATA = config["data"]["dir"]

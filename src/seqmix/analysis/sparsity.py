@@ -10,6 +10,11 @@ two ways (the ``kind`` column):
   same axis. Not the attention matrix even for softmax; both kinds are reported for the
   mixers that have scores, softmax being the calibration.
 
+Architectures with no run on the configured language-model task (non-causal-only mixers
+such as Linformer, trained only as the SNLI encoder) are measured on their SNLI runs
+(``fallback_task``), on held-out sentence pairs cropped to a common length so that no row
+holds padding; the ``task`` column says which.
+
 In both, h is the hidden state each block's mixer actually received (captured with a
 forward pre-hook while the model reads the sequences), and S is taken over each row's
 visible part (s ≤ t for causal mixers), rows with at least ``min_row_len`` visible keys.
@@ -109,15 +114,31 @@ def heldout_sequences(task, spec: dict, split: str, num_sequences: int) -> torch
     raise ValueError(f"sparsity and geometry read language-model tasks (wikitext2, mqar), not {spec['task']!r}")
 
 
+def heldout_pairs(task, split: str, num_sequences: int, seq_len: int) -> tuple[torch.Tensor, ...]:
+    """(ids, segments, mask) of the first ``num_sequences`` held-out SNLI pairs whose
+    [CLS] premise [SEP] hypothesis [SEP] row has at least ``seq_len`` tokens, cropped to
+    ``seq_len``: no padding, so every row of the effective attention is over real tokens."""
+    import numpy as np
+
+    a = task.split(split)
+    lengths = np.diff(a["premise_offsets"]) + np.diff(a["hypothesis_offsets"]) + 3
+    pick = np.flatnonzero(lengths >= seq_len)[:num_sequences]
+    if len(pick) == 0:
+        raise ValueError(f"no held-out SNLI pair in split {split!r} has {seq_len} tokens; lower snli_seq_len")
+    ids, seg, mask, _ = task.collate(split, pick, "cpu")
+    return ids[:, :seq_len], seg[:, :seq_len], mask[:, :seq_len]
+
+
 def model_sparsity(
     model: torch.nn.Module,
-    seqs: torch.Tensor,
+    seqs: torch.Tensor | tuple[torch.Tensor, ...],
     min_row_len: int = 16,
     jacobian_sequences: int = 2,
     chunk: int = 512,
     jacobian_positions: int | None = None,
 ) -> list[dict]:
-    """Rows of sparsity.csv (without the run columns) for a causal LM reading ``seqs`` (N, L).
+    """Rows of sparsity.csv (without the run columns) for a model reading ``seqs``: (N, L)
+    token ids for a language model, or the tuple of arguments of a pair classifier.
 
     kind=attention per layer and head for mixers with scores; kind=jacobian per layer for
     every mixer, on the first ``jacobian_sequences`` sequences (L·d vector-Jacobian
@@ -128,9 +149,11 @@ def model_sparsity(
     from seqmix.analysis.jacobian import effective_attention
 
     model.eval()
-    inputs = capture_mixer_inputs(model, lambda: model(seqs))
-    min_len = min(min_row_len, seqs.shape[1])
-    common = {"min_row_len": min_len, "seq_len": seqs.shape[1]}
+    args = seqs if isinstance(seqs, tuple) else (seqs,)
+    inputs = capture_mixer_inputs(model, lambda: model(*args))
+    seq_len = args[0].shape[1]
+    min_len = min(min_row_len, seq_len)
+    common = {"min_row_len": min_len, "seq_len": seq_len}
     rows = []
     for layer, (block, h) in enumerate(zip(model.blocks, inputs)):
         mixer = block.mixer
@@ -162,12 +185,17 @@ def measured_sparsity(
     jacobian_sequences: int = 2,
     chunk: int = 512,
     jacobian_positions: int | None = None,
+    snli_seq_len: int = 32,
 ) -> list[dict]:
-    """sparsity.csv rows of one trained run on ``num_sequences`` held-out sequences."""
+    """sparsity.csv rows of one trained run on ``num_sequences`` held-out sequences (for an
+    SNLI encoder: pairs cropped to ``snli_seq_len`` tokens)."""
     from seqmix.train.evaluate import load_run
 
     model, task, spec = load_run(run_dir)
-    seqs = heldout_sequences(task, spec, split, num_sequences)
+    if spec["task"] == "snli":
+        seqs = heldout_pairs(task, split, num_sequences, snli_seq_len)
+    else:
+        seqs = heldout_sequences(task, spec, split, num_sequences)
     run = {"task": spec["task"], "arch": spec["arch"], "seed": spec["seed"]}
     rows = model_sparsity(model, seqs, min_row_len, jacobian_sequences, chunk, jacobian_positions)
     return [{**run, **r} for r in rows]
