@@ -113,3 +113,22 @@ def test_prepared_snli_drops_unlabelled_and_says_it_is_a_subset(prepared):
     z = np.load(Path(prepared["data"]["dir"]) / "snli" / "train.npz")
     assert z["premise_offsets"][-1] == len(z["premise"])
     assert json.loads(json.dumps(m))  # plain JSON
+
+
+def test_the_trained_tokenizer_is_the_same_in_every_process(mirror):
+    # HF tokenizers' WordPiece trainer numbers subword tokens in hash-map order, which is
+    # random per process (huggingface/tokenizers#1794); train_wordpiece must not inherit
+    # that. Separate processes, because within one the hash seed is fixed.
+    import subprocess
+    import sys
+
+    script = (
+        "import hashlib, sys\n"
+        "from seqmix.data.tokenizer import train_wordpiece\n"
+        "lines = open(sys.argv[1], encoding='utf-8').read().splitlines()\n"
+        "print(hashlib.sha256(train_wordpiece(lines, 1000).to_str().encode()).hexdigest())\n"
+    )
+    text = str(mirror / "wikitext-2-raw" / "valid.txt")
+    digests = {subprocess.run([sys.executable, "-c", script, text], capture_output=True, text=True,
+                              check=True).stdout.strip() for _ in range(4)}
+    assert len(digests) == 1, f"{len(digests)} different vocabularies from the same text"

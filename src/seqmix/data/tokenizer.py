@@ -18,14 +18,34 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def train_wordpiece(lines, vocab_size: int) -> Tokenizer:
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
+    """A WordPiece vocabulary trained with HF ``tokenizers``, the same in every process.
+
+    The trainer alone is not deterministic (huggingface/tokenizers#1794): it numbers the
+    continuing-subword tokens (``##c``) in hash-map order, and those numbers break ties
+    between merges of equal count, so two processes can learn different vocabularies from
+    the same text. Registering every ``##c`` up front, in sorted order, fixes their numbers;
+    the vocabulary is then loaded into a fresh WordPiece model, so that only the real
+    special tokens are special.
+    """
+    lines = [line for line in lines if line.strip()]
+    normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    continuing = set()
+    for line in lines:
+        for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)):
+            continuing.update(word[1:])
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False
+        vocab_size=vocab_size, special_tokens=SPECIALS + ["##" + c for c in sorted(continuing)],
+        show_progress=False,
     )
-    tok.train_from_iterator(lines, trainer=trainer)
+    learner = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    learner.normalizer, learner.pre_tokenizer = normalizer, pre_tokenizer
+    learner.train_from_iterator(lines, trainer=trainer)
+
+    tok = Tokenizer(models.WordPiece(learner.get_vocab(), unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
+    tok.decoder = decoders.WordPiece()
+    tok.add_special_tokens(SPECIALS)
     return tok
 
 
