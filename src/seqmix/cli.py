@@ -109,12 +109,13 @@ def cmd_complexity(args) -> int:
     return 0
 
 
-def finished_runs(cfg: dict, task: str, keep=lambda arch: True) -> list[Path]:
-    """Run directories of ``task`` whose training finished (status ok), for analyses."""
+def finished_runs(cfg: dict, task: str | None, keep=lambda arch: True, among=None) -> list[Path]:
+    """Run directories of ``task`` (None: any) whose training finished (status ok), for
+    analyses; ``among`` narrows the runs of the config to a list of (task, arch, seed)."""
     out = []
-    for t, arch, seed in runs(cfg):
+    for t, arch, seed in runs(cfg) if among is None else among:
         d = run_dir(cfg, t, arch, seed)
-        if t == task and keep(arch) and json.loads((d / "metrics.json").read_text())["status"] == "ok":
+        if task in (None, t) and keep(arch) and json.loads((d / "metrics.json").read_text())["status"] == "ok":
             out.append(d)
     return out
 
@@ -132,9 +133,7 @@ def cmd_sparsity(args) -> int:
         ok = json.loads((Path(args.run) / "metrics.json").read_text())["status"] == "ok"
         dirs = [Path(args.run)] if ok else []  # a diverged run has no attention to measure
     else:
-        wanted = set(sparsity_runs(cfg))
-        dirs = [d for task in {t for t, _, _ in wanted} for d in finished_runs(cfg, task)
-                if (task, d.parent.name, int(d.name.removeprefix("seed"))) in wanted]
+        dirs = finished_runs(cfg, None, among=sparsity_runs(cfg))
     rows = []
     for d in dirs:
         rows.extend(measured_sparsity(d, scfg["split"], scfg["num_sequences"], scfg["min_row_len"],
