@@ -73,7 +73,7 @@ def prepare_tokenizer(spec: dict, out_dir: str | Path) -> dict:
     else:
         split = tcfg["train_split"]
         texts = load_wikitext2(source, [split])[split]["text"]
-        tok = train_wordpiece((t for t in texts if t.strip()), tcfg["vocab_size"])
+        tok = train_wordpiece(texts, tcfg["vocab_size"])
         description = (
             f"WordPiece, vocabulary {tok.get_vocab_size():,}, trained with HF tokenizers on the "
             f"WikiText-2 {split} split (bert-base-uncased was not reachable)"
