@@ -18,7 +18,7 @@ help:
 	@echo "make report   build paper/report.pdf and report.html with the quick profile (CPU, ~25 min)"
 	@echo "make paper    build it with config/paper.yaml (GPU)"
 	@echo "make test     run the test suite"
-	@echo "make lint     ruff check"
+	@echo "make lint     ruff check and snakemake --lint"
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,7 @@ test-all: install latex
 
 lint: install
 	ruff check src kernels tests notebooks
+	snakemake --lint
 
 clean:
 	rm -rf results/runs results/analysis results/summary results/notebooks results/logs paper/figures paper/tables paper/report.pdf paper/report.html

@@ -47,7 +47,7 @@ def tiny_config(root: Path, mirror: Path | None, archs=("softmax", "grassmann"),
         "mixers": {"grassmann": {"rank": 4, "offsets": [1, 2]}},
         "analysis": {
             "complexity": {"lengths": [8, 16, 32], "d_model": 16, "repeats": 2, "warmup": 0},
-            "sparsity": {"task": "wikitext2" if mirror else "mqar", "num_sequences": 2},
+            "sparsity": {"tasks": ["wikitext2" if mirror else "mqar"], "num_sequences": 2},
         },
     }
     if mirror:
@@ -57,14 +57,25 @@ def tiny_config(root: Path, mirror: Path | None, archs=("softmax", "grassmann"),
     return cfg
 
 
+def prepare_all(study) -> None:
+    """Prepare the tokenizer (when a task needs it) and every task's data of ``study``."""
+    from seqmix.data.tokenizer import prepare_tokenizer
+    from seqmix.study import data_job, groups, needs_tokenizer, tokenizer_job
+    from seqmix.tasks import task_class
+
+    if any(needs_tokenizer(study, g) for g in groups(study)):
+        prepare_tokenizer(tokenizer_job(study))
+    for g in groups(study):
+        job = data_job(study, g)
+        task_class(job.kind).prepare(job)
+
+
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory, mirror) -> dict:
-    """Tiny config with every task's data prepared once for the session (from the mirror)."""
-    from seqmix.config import data_spec, validate_config
-    from seqmix.data.prepare import prepare
+    """Tiny config (a raw mapping) with every task's data prepared once for the session."""
+    from seqmix.config import validate_config
 
     root = tmp_path_factory.mktemp("seqmix")
-    cfg = validate_config(tiny_config(root, mirror))
-    for task in ("tokenizer", "wikitext2", "snli", "mqar"):
-        prepare(task, data_spec(cfg, task))
-    return cfg
+    raw = tiny_config(root, mirror)
+    prepare_all(validate_config(raw))
+    return raw

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from seqmix.analysis import complexity as cx
+from seqmix.sections import ComplexitySpec
 
 
 def synthetic(k: float, lengths, repeats: int, noise: float, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +74,7 @@ def test_fit_table_longest_lengths_and_flops_beside():
 
 
 def test_tiny_real_measurement():
-    cfg = {"lengths": [16, 8, 32], "d_model": 8, "batch_size": 1, "repeats": 2, "warmup": 1, "max_seconds": 60.0}
+    cfg = ComplexitySpec(lengths=[16, 8, 32], d_model=8, batch_size=1, repeats=2, warmup=1, max_seconds=60.0)
     rows = cx.run_complexity(["softmax", "grassmann"], cfg, torch.device("cpu"),
                              {"softmax": {"n_heads": 2}, "grassmann": {"rank": 4, "offsets": [1, 2]}},
                              progress=False)
@@ -88,8 +89,7 @@ def test_tiny_real_measurement():
 
 
 def test_time_cap_and_out_of_memory_stop_growing(monkeypatch):
-    cfg = {"lengths": [8, 16, 32], "d_model": 8, "batch_size": 1, "repeats": 1, "warmup": 0,
-           "max_seconds": 1e-9}
+    cfg = ComplexitySpec(lengths=[8, 16, 32], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=1e-9)
     rows = cx.run_complexity(["softmax"], cfg, torch.device("cpu"), {"softmax": {"n_heads": 2}}, progress=False)
     assert [r["seq_len"] for r in rows] == [8]  # over the cap at the first length
 
@@ -101,7 +101,7 @@ def test_time_cap_and_out_of_memory_stop_growing(monkeypatch):
         return real(arch, d, L, *a, **k)
 
     monkeypatch.setattr(cx, "measure_mixer", flaky)
-    cfg["max_seconds"] = 60.0
+    cfg = cfg.model_copy(update={"max_seconds": 60.0})
     rows = cx.run_complexity(["softmax"], cfg, torch.device("cpu"), {"softmax": {"n_heads": 2}}, progress=False)
     assert [(r["seq_len"], r["status"]) for r in rows] == [(8, "ok"), (16, "oom")]
 

@@ -205,37 +205,41 @@ def test_model_sparsity_reads_a_noncausal_pair_classifier():
 
 
 def test_sparsity_measures_every_architecture_of_the_quick_config():
-    from seqmix.config import NONCAUSAL_ONLY, load_config, sparsity_runs
+    from seqmix import catalogue
+    from seqmix.config import load_config
+    from seqmix.study import sparsity_runs
 
     from .conftest import REPO
 
-    cfg = load_config(REPO / "config" / "config.yaml")
-    measured = sparsity_runs(cfg)
-    assert {a for _, a, _ in measured} == set(cfg["architectures"])
-    task = cfg["analysis"]["sparsity"]["task"]
-    assert all(t == task for t, a, _ in measured if a not in NONCAUSAL_ONLY)
-    assert {(t, s) for t, a, s in measured if a == "linformer"} == {("snli", s) for s in cfg["seeds"]}
-    without = {**cfg, "analysis": {**cfg["analysis"], "sparsity": {**cfg["analysis"]["sparsity"],
-                                                                    "fallback_task": None}}}
-    assert "linformer" not in {a for _, a, _ in sparsity_runs(without)}
+    study = load_config(REPO / "config" / "config.yaml")
+    measured = sparsity_runs(study)
+    assert {r.arch for r in measured} == set(study.architectures)
+    tasks = study.analysis.sparsity.tasks
+    assert all(r.task in tasks for r in measured if catalogue.mixer_entry(r.arch).causal)
+    noncausal = {r.arch for r in measured if not catalogue.mixer_entry(r.arch).causal}
+    assert noncausal and {(r.task, r.seed) for r in measured if r.arch in noncausal} == {
+        ("snli", s) for s in study.seeds}
+    without = study.model_copy(update={"analysis": study.analysis.model_copy(update={
+        "sparsity": study.analysis.sparsity.model_copy(update={"fallback_task": None})})})
+    assert not noncausal & {r.arch for r in sparsity_runs(without)}
 
 
 def test_heldout_pairs_are_cropped_without_padding():
     import numpy as np
 
-    from seqmix.analysis.sparsity import heldout_pairs
-    from seqmix.train.tasks import SNLITask
+    from seqmix.tasks.snli import SNLI
 
-    task = SNLITask.__new__(SNLITask)  # the collate logic only: arrays and special ids
+    task = SNLI.__new__(SNLI)  # the collate logic only: arrays and special ids
     task.specials = {"[CLS]": 1, "[SEP]": 2, "[PAD]": 0}
+    task.spec = type("Spec", (), {"task": "snli"})()
     premise_lens, hyp_lens = [3, 6, 2, 5], [2, 3, 1, 4]  # rows of 8, 12, 6, 12 tokens
     task.arrays = {"validation": {
         "premise": np.arange(10, 10 + sum(premise_lens)), "premise_offsets": np.cumsum([0, *premise_lens]),
         "hypothesis": np.arange(50, 50 + sum(hyp_lens)), "hypothesis_offsets": np.cumsum([0, *hyp_lens]),
         "labels": np.zeros(4, np.int64)}}
-    ids, seg, mask = heldout_pairs(task, "validation", num_sequences=5, seq_len=10)
+    ids, seg, mask = task.heldout_inputs("validation", num=5, crop_len=10)
     assert ids.shape == (2, 10) and bool(mask.all()) and not bool((ids == 0).any())
     assert ids[0, 0] == 1 and ids[0, 7] == 2  # [CLS] + 6 premise tokens + [SEP] of pair 1
     assert seg[0].tolist() == [0] * 8 + [1] * 2
-    with pytest.raises(ValueError, match="snli_seq_len"):
-        heldout_pairs(task, "validation", num_sequences=5, seq_len=13)
+    with pytest.raises(ValueError, match="crop_len"):
+        task.heldout_inputs("validation", num=5, crop_len=13)

@@ -5,18 +5,21 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from seqmix.config import REPO_ROOT, ConfigError, load_config, run_spec, runs, validate_config
+from seqmix import REPO_ROOT
+from seqmix.config import ConfigError, load_config, validate_config
+from seqmix.study import run_spec, runs
 
 MINIMAL = {"tasks": {"mqar": {}}, "architectures": ["softmax"], "seeds": [0]}
 
 
 def test_defaults_are_filled_from_the_schema():
     cfg = validate_config(MINIMAL)
-    assert cfg["results_dir"] == "results"
-    assert cfg["tasks"]["mqar"]["train"]["lr"] == 1e-3
-    assert cfg["tasks"]["mqar"]["model"]["budget"]["solve"] == "width"
-    assert cfg["analysis"]["complexity"]["repeats"] >= 1
-    assert "wikitext2" not in cfg["tasks"]  # tasks are not invented
+    assert cfg.results_dir == "results"
+    assert cfg.tasks["mqar"].train.lr == 1e-3
+    assert cfg.tasks["mqar"].model.budget.solve == "width"
+    assert cfg.tasks["mqar"].seq_len == 64  # the task kind's own default
+    assert cfg.analysis.complexity.repeats >= 1
+    assert "wikitext2" not in cfg.tasks  # tasks are not invented
 
 
 @pytest.mark.parametrize("path", ["config/config.yaml", "config/paper.yaml"])
@@ -55,7 +58,7 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_training_on_the_evaluation_split_is_refused():
-    with pytest.raises(ConfigError, match="eval_split"):
+    with pytest.raises(ConfigError, match="tasks.wikitext2.*eval_split"):
         validate_config({**MINIMAL, "tasks": {"wikitext2": {"train_split": "validation"}}})
 
 
@@ -70,8 +73,8 @@ def test_runs_cover_task_arch_seed_and_skip_noncausal_lm():
 def test_run_spec_holds_only_its_task():
     cfg = validate_config({"tasks": {"mqar": {}, "snli": {}}, "architectures": ["softmax"], "seeds": [3]})
     spec = run_spec(cfg, "mqar", "softmax", 3)
-    assert spec["run_dir"].endswith("runs/mqar/softmax/seed3")
-    assert "train_file" not in spec["task_config"]  # snli's settings are not part of it
+    assert spec.run_dir.endswith("runs/mqar/softmax/seed3")
+    assert "train_file" not in spec.settings and spec.settings["seq_len"] == 64  # snli's settings are not part of it
 
 
 def test_yaml_file_errors_name_the_file(tmp_path):
@@ -79,3 +82,30 @@ def test_yaml_file_errors_name_the_file(tmp_path):
     p.write_text(yaml.safe_dump({**MINIMAL, "seeds": "zero"}))
     with pytest.raises(ConfigError, match=r"(?s)bad.yaml.*seeds"):
         load_config(p)
+
+
+def test_the_committed_json_schema_is_current():
+    # workflow/schemas/config.schema.json documents the config (editors can complete and check
+    # a config file against it); it is generated from the config models, never edited.
+    import json
+
+    from seqmix.config import SCHEMA_PATH, config_schema
+
+    assert json.loads(SCHEMA_PATH.read_text()) == json.loads(json.dumps(config_schema())), (
+        "regenerate it: python -m seqmix schema --out workflow/schemas/config.schema.json")
+
+
+def test_the_json_schema_rejects_what_validation_rejects():
+    import jsonschema
+
+    from seqmix.config import config_schema
+
+    schema = config_schema()
+    good = yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text())
+    jsonschema.validate(good, schema)
+    for bad in ({**good, "sedes": [0]}, {**good, "tasks": {"mqar/": {}}},
+                {**good, "mixers": {"grassmann": {"rnk": 4}}}, {**good, "tasks": {"wikitext3": {}}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+        with pytest.raises(ConfigError):
+            validate_config(bad)

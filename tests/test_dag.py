@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from seqmix.config import load_config, runs
+from seqmix.config import load_config
+from seqmix.study import runs
 
 from .conftest import REPO, tiny_config
 
@@ -40,8 +41,8 @@ def copy_workflow(dst: Path) -> Path:
     return dst
 
 
-def snakemake(src: Path, work: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+def snakemake(src: Path, work: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {})}
     cmd = [*SNAKEMAKE, "--snakefile", str(src / "Snakefile"), "--directory", str(work),
            "--cores", "2", "--rerun-incomplete", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work)

@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqmix.config import data_spec, validate_config
+from seqmix.config import validate_config
 from seqmix.data.manifest import DataError, read_manifest, sha256_file
 from seqmix.data.mqar import multiquery_ar
-from seqmix.data.prepare import prepare
 from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
+from seqmix.sections import DataSpec
+from seqmix.study import data_job
+from seqmix.tasks import task_class
 
 
 def test_mqar_labels_are_the_values_of_the_queried_keys():
@@ -43,6 +45,12 @@ def test_mqar_is_seeded():
 def test_mqar_rejects_impossible_settings():
     with pytest.raises(ValueError, match="num_kv_pairs"):
         multiquery_ar(64, 1, 16, 5)
+    # ... and the config says so before any job runs, naming the key.
+    from seqmix.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"tasks.mqar.*num_kv_pairs \* 4 \(20\) must be <= seq_len \(16\)"):
+        validate_config({"tasks": {"mqar": {"seq_len": 16, "num_kv_pairs": 5, "vocab_size": 64}},
+                         "architectures": ["softmax"], "seeds": [0]})
 
 
 def test_corrupted_mirror_file_names_the_file_and_its_sha256(tmp_path, mirror):
@@ -52,14 +60,14 @@ def test_corrupted_mirror_file_names_the_file_and_its_sha256(tmp_path, mirror):
     target.chmod(0o644)
     with gzip.open(target, "ab") as f:
         f.write(b'{"premise": "x", "hypothesis": "y", "label": "neutral"}\n')
-    source = resolve_source({"mirror": str(fake), "source": "mirror"})
+    source = resolve_source(DataSpec(mirror=str(fake), source="mirror"))
     expected = RAW_FILES[("snli", "validation")].sha256
     with pytest.raises(DataError, match=rf"{target}.*expected {expected}"):
         mirror_file(source, "snli", "validation")
 
 
 def test_missing_snli_train_explains_the_subset(tmp_path, mirror):
-    source = resolve_source({"mirror": str(mirror), "source": "mirror"})
+    source = resolve_source(DataSpec(mirror=str(mirror), source="mirror"))
     if (mirror / "snli" / "train.jsonl.gz").exists():
         pytest.skip("this mirror has the full SNLI train split")
     with pytest.raises(DataError, match="train_sample_1pct"):
@@ -69,14 +77,14 @@ def test_missing_snli_train_explains_the_subset(tmp_path, mirror):
 def test_mirror_source_needs_a_mirror(monkeypatch):
     monkeypatch.delenv("SEQMIX_DATA_MIRROR", raising=False)
     with pytest.raises(DataError, match="SEQMIX_DATA_MIRROR"):
-        resolve_source({"mirror": None, "source": "mirror"})
+        resolve_source(DataSpec(mirror=None, source="mirror"))
 
 
 def test_prepared_mqar_has_a_manifest_that_catches_corruption(tmp_path):
     cfg = validate_config({"tasks": {"mqar": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2,
                                               "num_train": 20, "num_test": 5}},
                            "architectures": ["softmax"], "seeds": [0], "data": {"dir": str(tmp_path)}})
-    info = prepare("mqar", data_spec(cfg, "mqar"))
+    info = task_class("mqar").prepare(data_job(cfg, "mqar"))
     assert info["splits"]["train"]["examples"] == 20
     manifest = read_manifest(tmp_path / "mqar", "mqar")
     assert set(manifest["files"]) == {"train.npz", "validation.npz", "test.npz"}

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from seqmix import mixers
-from seqmix.config import NONCAUSAL_ONLY, load_schema
+from seqmix import catalogue, mixers
+from seqmix.config import config_schema
 
 # Small options so that fp64 property checks stay fast; every other option is the default.
 TINY_OPTIONS: dict[str, dict] = {
@@ -117,7 +117,8 @@ def test_scores_are_nonnegative_and_causal(name):
 def test_noncausal_only_mixers_refuse_causal():
     for name in mixers.names():
         cls = mixers.mixer_class(name)
-        assert (name in NONCAUSAL_ONLY) == (not cls.supports_causal)
+        entry = catalogue.mixer_entry(name)
+        assert (entry.causal, entry.noncausal) == (cls.supports_causal, cls.supports_noncausal), name
         if not cls.supports_causal:
             with pytest.raises(ValueError, match="no causal form"):
                 mixers.build(name, D, causal=True, max_len=16)
@@ -129,7 +130,7 @@ def test_unknown_option_names_the_allowed_ones():
 
 
 def test_schema_lists_every_mixer_and_its_options():
-    schema = load_schema()
+    schema = config_schema()
     assert schema["properties"]["architectures"]["items"]["enum"] == mixers.names()
     options = schema["properties"]["mixers"]["properties"]
     assert list(options) == mixers.names()

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from seqmix.report.claims import ClaimsError, evaluate_claims, load_claims
-from seqmix.report.latex import booktabs, macro_name, mean_ci
+from seqmix.report.latex import macro_name, table
+from seqmix.report.summary import mean_ci
 
 from .conftest import REPO
 
@@ -169,5 +170,8 @@ def test_mean_ci_matches_the_t_interval():
 
 def test_latex_helpers():
     assert macro_name("q", "wikitext2-softmax-test") == "qWikitextTwoSoftmaxTest"
-    t = booktabs(["A", "B"], [["1", "2"]], caption="c", label="tab:x")
+    t = table(["A", "B"], [["1", "2"]], caption="c", label="tab:x", note="n", size="\\tiny")
     assert "\\toprule" in t and "\\label{tab:x}" in t and "1 & 2 \\\\" in t
+    assert t.index("\\tiny") < t.index("\\begin{tabular}") and t.index("n}") < t.index("\\end{table}")
+    long = table(["A", "B"], [["1", "2"]], caption="c", label="tab:y", long=True)
+    assert "\\begin{longtable}" in long and "\\endhead" in long

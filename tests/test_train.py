@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from seqmix.config import run_spec, validate_config
+from seqmix.config import validate_config
 from seqmix.models.budget import solve_budget
+from seqmix.study import run_spec
 from seqmix.train.evaluate import evaluate_run
 from seqmix.train.loop import LOG_FIELDS, train
 
 TIME_FIELDS = {"wall_time_s", "resumed_from_steps"}
 
 
-def spec_for(prepared: dict, task: str, arch: str, root: Path, **train_overrides) -> dict:
+def spec_for(prepared: dict, task: str, arch: str, root: Path, **train_overrides):
     cfg = copy.deepcopy(prepared)
     cfg["results_dir"] = str(root)
     cfg["tasks"][task]["train"].update(train_overrides)
@@ -34,7 +35,7 @@ def spec_for(prepared: dict, task: str, arch: str, root: Path, **train_overrides
 def test_a_run_writes_its_results(prepared, tmp_path, task):
     spec = spec_for(prepared, task, "grassmann", tmp_path)
     metrics = train(spec, progress=False)
-    run = Path(spec["run_dir"])
+    run = Path(spec.run_dir)
     for name in ("metrics.json", "log.csv", "config.json", "provenance.json", "model.pt"):
         assert (run / name).exists(), name
     assert not (run / "checkpoints" / "last.pt").exists()  # removed once complete
@@ -53,7 +54,7 @@ def test_a_run_writes_its_results(prepared, tmp_path, task):
 
 def _run_cli(spec: dict) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "seqmix", "train", "--quiet", "--spec", json.dumps(spec)],
+    return subprocess.Popen([sys.executable, "-m", "seqmix", "train", "--quiet", "--spec", spec.model_dump_json()],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -62,7 +63,7 @@ def test_a_killed_run_resumes_and_ends_like_an_uninterrupted_one(prepared, tmp_p
     settings = dict(steps=400, checkpoint_every=20, eval_every=100, log_every=20)
     killed = spec_for(prepared, "mqar", "softmax", tmp_path / "killed", **settings)
     clean = spec_for(prepared, "mqar", "softmax", tmp_path / "clean", **settings)
-    ckpt = Path(killed["run_dir"]) / "checkpoints" / "last.pt"
+    ckpt = Path(killed.run_dir) / "checkpoints" / "last.pt"
 
     proc = _run_cli(killed)
     deadline = time.time() + 120
@@ -71,24 +72,24 @@ def test_a_killed_run_resumes_and_ends_like_an_uninterrupted_one(prepared, tmp_p
     assert proc.poll() is None, "the run ended before it could be killed; make it longer"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert ckpt.exists() and not (Path(killed["run_dir"]) / "metrics.json").exists()
+    assert ckpt.exists() and not (Path(killed.run_dir) / "metrics.json").exists()
     saved_step = torch.load(ckpt, weights_only=True)["state"]["step"]
 
     resumed = _run_cli(killed)
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
-    assert f"resuming {killed['run_dir']} from step {saved_step}" in err
+    assert f"resuming {killed.run_dir} from step {saved_step}" in err
     uninterrupted = _run_cli(clean)
     _, err = uninterrupted.communicate(timeout=300)
     assert uninterrupted.returncode == 0, err
 
-    a = json.loads((Path(killed["run_dir"]) / "metrics.json").read_text())
-    b = json.loads((Path(clean["run_dir"]) / "metrics.json").read_text())
+    a = json.loads((Path(killed.run_dir) / "metrics.json").read_text())
+    b = json.loads((Path(clean.run_dir) / "metrics.json").read_text())
     assert a["resumed_from_steps"] == [saved_step] and b["resumed_from_steps"] == []
     strip = lambda m: {k: v for k, v in m.items() if k not in TIME_FIELDS}  # noqa: E731
     assert strip(a) == strip(b)
-    wa = torch.load(Path(killed["run_dir"]) / "model.pt", weights_only=True)["model"]
-    wb = torch.load(Path(clean["run_dir"]) / "model.pt", weights_only=True)["model"]
+    wa = torch.load(Path(killed.run_dir) / "model.pt", weights_only=True)["model"]
+    wb = torch.load(Path(clean.run_dir) / "model.pt", weights_only=True)["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -97,10 +98,10 @@ def test_a_diverging_run_is_recorded_and_exits_cleanly(prepared, tmp_path):
     proc = _run_cli(spec)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    m = json.loads((Path(spec["run_dir"]) / "metrics.json").read_text())
+    m = json.loads((Path(spec.run_dir) / "metrics.json").read_text())
     assert m["status"] == "diverged" and m["diverged_at_step"] is not None
     assert "recording the run as diverged" in err
-    ev = evaluate_run(spec["run_dir"])
+    ev = evaluate_run(spec.run_dir)
     assert ev["status"] == "diverged" and ev["splits"] == {}
 
 

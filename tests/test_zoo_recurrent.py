@@ -19,6 +19,7 @@ from seqmix.mixers.h3 import causal_conv_reference, causal_fft_conv, s4d_kernel
 from seqmix.mixers.mamba import linear_scan, selective_scan_chunked, selective_scan_reference
 from seqmix.mixers.tssa import tssa_membership, tssa_reference
 from seqmix.models.lm import CausalLM, LMConfig
+from seqmix.sections import TrainSpec
 from seqmix.train.loop import make_optimizer
 
 F64 = torch.float64
@@ -361,7 +362,7 @@ def test_reference_initialisations_survive_the_lm_init():
 )
 def test_no_weight_decay_parameters_are_excluded(arch, excluded):
     model = lm(arch)
-    opt = make_optimizer(model, {"weight_decay": 0.1, "lr": 1e-3, "betas": (0.9, 0.95)})
+    opt = make_optimizer(model, TrainSpec(weight_decay=0.1, lr=1e-3, betas=(0.9, 0.95)))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     mixer = model.blocks[0].mixer
     assert set(mixer.no_weight_decay()) == set(excluded)

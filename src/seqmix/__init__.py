@@ -1,5 +1,8 @@
-"""seqmix: a reproducible pipeline that tests, with numbers, whether softmax attention
-is what sequence models need. Importing the package is cheap (no torch); the heavy
-modules are imported by the commands that need them."""
+"""seqmix: a reproducible replication pipeline asking whether softmax attention is what
+sequence models need. ``python -m seqmix --help`` lists the commands."""
+
+from pathlib import Path
 
 __version__ = "0.1.0"
+# The checkout seqmix runs from: notebooks/, paper/ and config/ live beside src/.
+REPO_ROOT = Path(__file__).resolve().parents[2]

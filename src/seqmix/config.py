@@ -1,142 +1,244 @@
-"""Configuration: load, validate against workflow/schemas/config.schema.yaml, fill defaults.
+"""The study configuration: its sections as typed, frozen pydantic models, validated at the
+door with every bad key named, and defaults in exactly one place.
 
-This module imports only yaml and jsonschema so that the Snakefile can validate a config
-before any job runs, even in an environment without torch (snakemake --use-conda).
+A config file (config/config.yaml, config/paper.yaml) names a study: its tasks, the
+architectures it trains, its seeds, and how big everything is. Defaults live here, on the
+models' fields; a task kind's own settings live on its ``Settings`` model (its module, see
+seqmix/tasks/) and a mixer's options on its ``Options`` dataclass (seqmix/mixers/), so that
+adding either never touches this file. ``python -m seqmix schema`` writes the JSON schema
+all of this amounts to (workflow/schemas/config.schema.json).
+
+Tasks are named ``<kind>`` or ``<kind>/<variant>`` (``mqar/L64-kv4``): a study can hold
+several instances of one kind with different settings, each with its own data, runs and
+result rows. A task's ``sweep`` expands it into one task per grid point (seqmix.study).
+
+Validating a config imports the task and mixer classes (their settings models), so it needs
+the seqmix environment (torch); the file's structure is all that is read before that.
 """
 
 from __future__ import annotations
 
 import copy
-import json
+import dataclasses
 import os
-from collections.abc import Iterator, Mapping
+import re
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
-MIRROR_ENV = "SEQMIX_DATA_MIRROR"
-TASKS = ("wikitext2", "snli", "mqar")
-# Language-modelling tasks train a causal LM; snli trains a pair classifier.
-LM_TASKS = ("wikitext2", "mqar")
+from seqmix import REPO_ROOT, catalogue
+from seqmix.mixers import mixer_class
+from seqmix.sections import Study, StudyFile, TaskCommon, TaskSettings
+from seqmix.sweep import sweep_points, sweep_problems
+from seqmix.tasks import task_class
 
+DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.json"
+TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*(/[A-Za-z0-9][A-Za-z0-9_.+-]*)*$")
 
 class ConfigError(ValueError):
-    """A configuration that does not match the schema; the message names every bad key."""
+    """A configuration that is not valid; the message names every bad key and the fix."""
 
 
-def load_schema(path: Path = SCHEMA_PATH) -> dict:
-    with open(path) as f:
-        schema = yaml.safe_load(f)
-    return _inline_refs(schema, schema.get("definitions", {}))
+# ------------------------------------------------------------------------------------------
+# Validation.
+# ------------------------------------------------------------------------------------------
+
+_SECTION_MODELS: dict[str, type[TaskCommon]] = {}
 
 
-def _inline_refs(node: Any, definitions: Mapping[str, Any]) -> Any:
-    # The schema has no recursive definitions, so inlining every "#/definitions/x" gives a
-    # plain tree whose "default" values are visible where the defaults are filled in.
-    if isinstance(node, dict):
-        if "$ref" in node:
-            name = node["$ref"].removeprefix("#/definitions/")
-            merged = dict(_inline_refs(definitions[name], definitions))
-            merged.update({k: _inline_refs(v, definitions) for k, v in node.items() if k != "$ref"})
-            return merged
-        return {k: _inline_refs(v, definitions) for k, v in node.items() if k != "definitions"}
-    if isinstance(node, list):
-        return [_inline_refs(v, definitions) for v in node]
-    return node
+def task_section_model(kind: str) -> type[TaskCommon]:
+    """The model of a ``tasks.<kind>[/variant]`` section: the kind's settings + TaskCommon."""
+    if kind not in _SECTION_MODELS:
+        settings = task_class(kind).Settings
+        _SECTION_MODELS[kind] = create_model(f"{settings.__name__}Section", __base__=(settings, TaskCommon))
+    return _SECTION_MODELS[kind]
 
 
-def _default_filling_validator(schema: dict):
-    """A Draft-7 validator that fills in schema defaults while it validates."""
-    # Imported here: jsonschema takes ~2 s to import (its format checkers), and training and
-    # evaluation jobs, which receive an already validated spec, never need it.
-    import jsonschema
-
-    def fill_defaults(validator, properties, instance, schema) -> Iterator:
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if name not in instance and isinstance(sub, dict) and "default" in sub:
-                    instance[name] = copy.deepcopy(sub["default"])
-        yield from jsonschema.Draft7Validator.VALIDATORS["properties"](validator, properties, instance, schema)
-
-    cls = jsonschema.validators.extend(jsonschema.Draft7Validator, {"properties": fill_defaults})
-    return cls(schema)
+def settings_of(kind: str, section: TaskCommon) -> TaskSettings:
+    """The kind's own settings of a task section (without model, train, seeds, sweep)."""
+    settings_cls = task_class(kind).Settings
+    return settings_cls.model_validate(section.model_dump(include=set(settings_cls.model_fields)))
 
 
-def _key_path(error) -> str:
+def _options_model(arch: str) -> type[BaseModel]:
+    """A pydantic model of a mixer's Options dataclass: its fields, types and defaults,
+    plus bounds from each field's metadata (e.g. ``field(default=32, metadata={"ge": 2})``)."""
+    options_cls = mixer_class(arch).Options
+    hints = typing.get_type_hints(options_cls)
+    fields = {f.name: (hints[f.name], Field(_field_default(f), **dict(f.metadata)))
+              for f in dataclasses.fields(options_cls)}
+    return create_model(f"{arch}_options", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def mixer_options(arch: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """A mixer's complete options: ``given`` validated, its Options defaults filled in."""
+    return _options_model(arch).model_validate(dict(given)).model_dump(mode="json")
+
+
+def _field_default(f) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _key(loc: tuple) -> str:
     parts: list[str] = []
-    for p in error.absolute_path:
+    for p in loc:
         parts.append(f"[{p}]" if isinstance(p, int) else (f".{p}" if parts else str(p)))
     return "".join(parts) or "<top level>"
 
 
-def _describe(error) -> str:
-    key = _key_path(error)
-    if error.validator == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
-        extra = sorted(set(error.instance) - set(allowed))
-        where = f" under '{key}'" if error.absolute_path else ""
-        return (
-            f"unknown key(s) {', '.join(repr(e) for e in extra)}{where}; "
-            f"allowed: {', '.join(allowed)}"
-        )
-    if error.validator == "enum":
-        allowed = ", ".join(str(v) for v in error.validator_value)
-        return f"config key '{key}': {error.instance!r} is not one of the allowed values: {allowed}"
-    if error.validator == "propertyNames":
-        allowed = ", ".join(error.validator_value.get("enum", []))
-        return f"config key '{key}': {error.instance!r} is not an allowed name; allowed: {allowed}"
-    if error.validator == "required":
-        return f"config key '{key}': {error.message}"
-    return f"config key '{key}': {error.message}"
+def _describe(error: dict, allowed: dict[tuple, list[str]]) -> str:
+    loc, kind = tuple(error["loc"]), error["type"]
+    if kind == "literal_error":
+        return f"config key '{_key(loc)}': {error['input']!r} is not one of the allowed values: {error['ctx']['expected'].replace(chr(39), '')}"
+    if kind == "missing":
+        return f"config key '{_key(loc)}' is required"
+    return f"config key '{_key(loc)}': {error['msg']}"
 
 
-def validate_config(config: Mapping[str, Any], source: str = "config") -> dict:
-    """Return a validated deep copy of ``config`` with schema defaults filled in.
+def _format(errors: list[dict], allowed: dict[tuple, list[str]]) -> list[str]:
+    """One line per problem; unknown keys are grouped under their parent with the keys it allows."""
+    lines, unknown = [], {}
+    for e in errors:
+        loc = tuple(e["loc"])
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            unknown.setdefault(loc[:-1], []).append(loc[-1])
+        else:
+            lines.append(_describe(e, allowed))
+    for parent, keys in unknown.items():
+        where = f" under '{_key(parent)}'" if parent else ""
+        ok = ", ".join(sorted(allowed.get(parent, [])))
+        lines.append(f"unknown key(s) {', '.join(repr(k) for k in keys)}{where}; allowed: {ok}")
+    return lines
+
+
+def _allowed_keys(model: type[BaseModel], prefix: tuple = ()) -> dict[tuple, list[str]]:
+    """Allowed keys of every nested section of ``model``, by location."""
+    out = {prefix: list(model.model_fields)}
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.update(_allowed_keys(ann, prefix + (name,)))
+    return out
+
+
+def _errors_of(exc: ValidationError, prefix: tuple = ()) -> list[dict]:
+    return [{**e, "loc": prefix + tuple(e["loc"])} for e in exc.errors()]
+
+
+def _validate_tasks(raw_tasks: Mapping, errors: list, allowed: dict) -> dict[str, TaskCommon]:
+    out = {}
+    for name, body in raw_tasks.items():
+        kind = catalogue.kind_of(name)
+        if not TASK_NAME.match(name):
+            errors.append({"type": "value_error", "loc": ("tasks", name), "msg": "a task name is <kind> or <kind>/<variant>, of letters, digits and _.+- only"})
+            continue
+        if kind not in catalogue.task_kinds():
+            errors.append({"type": "value_error", "loc": ("tasks", name),
+                           "msg": f"unknown task kind {kind!r}; the catalogue (seqmix/catalogue.py) has: {', '.join(catalogue.task_kinds())}"})
+            continue
+        model = task_section_model(kind)
+        allowed.update(_allowed_keys(model, ("tasks", name)))
+        try:
+            out[name] = model.model_validate(body or {})
+        except ValidationError as e:
+            errors.extend(_errors_of(e, ("tasks", name)))
+    return out
+
+
+def _validate_mixers(raw_mixers: Mapping, errors: list, allowed: dict) -> dict[str, dict]:
+    out = {}
+    for arch, options in raw_mixers.items():
+        model = _options_model(arch)
+        allowed[("mixers", arch)] = list(model.model_fields)
+        try:
+            out[arch] = model.model_validate(options or {}).model_dump(mode="json")
+        except ValidationError as e:
+            errors.extend(_errors_of(e, ("mixers", arch)))
+    return out
+
+
+def validate_config(raw: Mapping[str, Any], source: str = "config") -> Study:
+    """The validated, typed study of a raw config mapping.
 
     Raises ConfigError listing every problem, each with its dotted key and the allowed
-    values, before any work starts.
+    keys or values, before any work starts.
     """
-    resolved = copy.deepcopy(dict(config))
-    validator = _default_filling_validator(load_schema())
-    errors = sorted(validator.iter_errors(resolved), key=lambda e: list(e.absolute_path))
-    # Defaults are filled while validating, so a second pass sees the complete tree.
-    if not errors:
-        errors = sorted(validator.iter_errors(resolved), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = "\n".join(f"  - {_describe(e)}" for e in errors)
-        raise ConfigError(
-            f"{source} is not a valid seqmix config ({SCHEMA_PATH.relative_to(REPO_ROOT)}):\n{lines}"
-        )
-    _check_cross_fields(resolved, source)
-    return resolved
+    raw = copy.deepcopy(dict(raw))
+    allowed = _allowed_keys(StudyFile)
+    try:
+        shape = StudyFile.model_validate(raw)
+        errors: list[dict] = []
+    except ValidationError as e:
+        errors, shape = _errors_of(e), None
+    tasks = _validate_tasks(raw.get("tasks") or {}, errors, allowed) if isinstance(raw.get("tasks"), Mapping) else {}
+    mixers = (_validate_mixers(raw.get("mixers") or {}, errors, allowed)
+              if shape is not None else {})
+    if errors or shape is None:
+        _raise(source, _format(errors, allowed))
+    study = Study.model_validate({**shape.model_dump(exclude={"tasks", "mixers"}), "tasks": tasks, "mixers": mixers})
+    problems = _cross_checks(study)
+    if problems:
+        _raise(source, problems)
+    return study
 
 
-def _check_cross_fields(cfg: dict, source: str) -> None:
-    wt = cfg["tasks"].get("wikitext2")
-    if wt and wt["train_split"] == wt["eval_split"]:
-        raise ConfigError(
-            f"{source}: config key 'tasks.wikitext2.eval_split' equals train_split "
-            f"({wt['train_split']!r}); evaluate on a split the model did not train on"
-        )
+def _raise(source: str, lines: list[str]) -> None:
+    body = "\n".join(f"  - {line}" for line in lines)
+    raise ConfigError(f"{source} is not a valid seqmix config:\n{body}")
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> dict:
-    """Read a YAML config file (or a JSON string starting with '{'), validate it."""
-    if path is None:
-        path = REPO_ROOT / "config" / "config.yaml"
+def _cross_checks(study: Study) -> list[str]:
+    """Constraints between sections: analyses name tasks of this study, sweeps name settings."""
+    problems = []
+    # A task with a sweep can be named whole (every point) or one point at a time.
+    names = [n for name, section in study.tasks.items()
+             for n in [name, *(f"{name}/{label}" for label, _, _ in sweep_points(section))]]
+    sp, geo = study.analysis.sparsity, study.analysis.geometry
+    for key, value in [("analysis.sparsity.tasks", t) for t in (sp.tasks or [])] + [
+            ("analysis.sparsity.fallback_task", None if sp.fallback_task == "auto" else sp.fallback_task),
+            ("analysis.geometry.task", geo.task)]:
+        if value is not None and value not in names:
+            problems.append(f"config key '{key}': {value!r} is not a task of this study; tasks: {', '.join(names)}")
+    for name, section in study.tasks.items():
+        problems += sweep_problems(name, section)
+    return problems
+
+
+# ------------------------------------------------------------------------------------------
+# Loading.
+# ------------------------------------------------------------------------------------------
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    """The raw mapping of a YAML config file (or a JSON object given as the string)."""
     text = str(path)
     if text.lstrip().startswith("{"):
-        raw, source = json.loads(text), "config given as JSON"
-    else:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"config file {p} does not exist (try config/config.yaml)")
-        with open(p) as f:
-            raw = yaml.safe_load(f) or {}
-        source = f"config file {p}"
+        return yaml.safe_load(text)
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist (try config/config.yaml)")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {p} holds a {type(raw).__name__}, not a mapping of config keys")
+    return raw
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> Study:
+    """Read one config file (default config/config.yaml), apply ``overrides``, validate.
+
+    Exactly that file plus the defaults: nothing is read from another profile.
+    """
+    path = DEFAULT_CONFIG if path is None else path
+    raw = read_config_file(path)
+    source = "config given as JSON" if str(path).lstrip().startswith("{") else f"config file {path}"
     if overrides:
         raw = deep_merge(raw, overrides)
     return validate_config(raw, source)
@@ -152,70 +254,24 @@ def deep_merge(base: Mapping, override: Mapping) -> dict:
     return out
 
 
-def runs(cfg: Mapping) -> list[tuple[str, str, int]]:
-    """Every (task, arch, seed) the config trains. Non-causal mixers skip LM tasks."""
-    out = []
-    for task in cfg["tasks"]:
-        for arch in cfg["architectures"]:
-            if task in LM_TASKS and arch in NONCAUSAL_ONLY:
-                continue
-            for seed in cfg["seeds"]:
-                out.append((task, arch, seed))
-    return out
-
-
-def sparsity_runs(cfg: Mapping) -> list[tuple[str, str, int]]:
-    """The runs whose trained attention the sparsity analysis measures: every run of
-    ``analysis.sparsity.task``, and, for architectures with no run on it (non-causal-only
-    mixers on a language-model task), their runs of ``analysis.sparsity.fallback_task``."""
-    scfg = cfg["analysis"]["sparsity"]
-    all_runs = runs(cfg)
-    primary = [r for r in all_runs if r[0] == scfg["task"]]
-    covered = {arch for _, arch, _ in primary}
-    fallback = scfg.get("fallback_task")
-    extra = [r for r in all_runs if fallback and r[0] == fallback and r[1] not in covered]
-    return primary + extra
-
-
-# Architectures with no causal form (they mix all positions); kept here, not in the mixer
-# modules, because the Snakefile needs it without importing torch. A test holds it equal to
-# the registry's `supports_causal` flags.
-NONCAUSAL_ONLY = ("linformer",)
-
-
-def run_dir(cfg: Mapping, task: str, arch: str, seed: int) -> Path:
-    return Path(cfg["results_dir"]) / "runs" / task / arch / f"seed{seed}"
-
-
-def run_spec(cfg: Mapping, task: str, arch: str, seed: int) -> dict:
-    """Everything one training run needs, and nothing else (so that a change to another
-    task's settings does not invalidate this run)."""
-    if task not in cfg["tasks"]:
-        raise ConfigError(f"task {task!r} is not in the config's tasks: {', '.join(cfg['tasks'])}")
-    if arch not in cfg["architectures"]:
-        raise ConfigError(
-            f"architecture {arch!r} is not in the config's architectures: "
-            f"{', '.join(cfg['architectures'])}"
-        )
-    task_cfg = copy.deepcopy(cfg["tasks"][task])
-    return {
-        "profile": cfg["profile"],
-        "task": task,
-        "arch": arch,
-        "seed": int(seed),
-        "data": {**copy.deepcopy(cfg["data"]), "tokenizer": copy.deepcopy(cfg["tokenizer"])},
-        "task_config": {k: v for k, v in task_cfg.items() if k not in ("model", "train")},
-        "model": task_cfg["model"],
-        "train": task_cfg["train"],
-        "mixer_options": copy.deepcopy(cfg.get("mixers", {}).get(arch, {})),
-        "run_dir": str(run_dir(cfg, task, arch, seed)),
+def config_schema() -> dict:
+    """The JSON schema of a config file: the study's shape with every catalogued task kind's
+    section and every mixer's options spelled out (what workflow/schemas/ holds)."""
+    schema = StudyFile.model_json_schema()
+    sections = {}
+    for kind in catalogue.task_kinds():
+        section = task_section_model(kind).model_json_schema()
+        schema["$defs"].update(section.pop("$defs", {}))  # one set of definitions, at the root
+        sections[f"^{kind}(/[A-Za-z0-9][A-Za-z0-9_.+-]*)*$"] = section
+    schema["properties"]["tasks"] = {
+        "type": "object", "minProperties": 1, "description": StudyFile.model_fields["tasks"].description,
+        "patternProperties": sections, "additionalProperties": False,
     }
-
-
-def data_spec(cfg: Mapping, task: str) -> dict:
-    """What preparing one task's data depends on."""
-    spec = {"data": copy.deepcopy(cfg["data"]), "tokenizer": copy.deepcopy(cfg["tokenizer"])}
-    if task in cfg["tasks"]:
-        t = cfg["tasks"][task]
-        spec["task_config"] = {k: v for k, v in t.items() if k not in ("model", "train")}
-    return spec
+    schema["properties"]["mixers"] = {
+        "type": "object", "description": StudyFile.model_fields["mixers"].description,
+        "properties": {arch: _options_model(arch).model_json_schema() for arch in catalogue.mixer_names()},
+        "additionalProperties": False,
+    }
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "seqmix study configuration"
+    return schema

@@ -1,8 +1,6 @@
 # Analyses: cost vs sequence length and Su's closed forms (need no training); Su's sparsity
 # and the Grassmann/TSSA geometry of trained models. `snakemake --cores all analysis` builds
 # every CSV; each module's docstring documents its CSV's columns.
-
-
 rule analysis:
     input:
         f"{RESULTS}/analysis/complexity.csv",
@@ -28,7 +26,7 @@ rule complexity:
         "../../envs/seqmix.yaml"
     shell:
         "python -m seqmix complexity --config {params.cfg:q} --threads {threads} "
-        "--out {output.csv} --fit-out {output.fit} > {log} 2>&1"
+        "--out {output.csv:q} --fit-out {output.fit:q} > {log:q} 2>&1"
 
 
 rule sparsity_run:
@@ -39,6 +37,7 @@ rule sparsity_run:
         f"{RESULTS}/analysis/sparsity/{{task}}/{{arch}}/seed{{seed}}.csv",
     params:
         cfg=lambda w: analysis_config("sparsity"),
+        run=lambda w: run_path(w.task, w.arch, w.seed, ""),
     log:
         f"{RESULTS}/logs/analysis/sparsity/{{task}}/{{arch}}/seed{{seed}}.log",
     threads: 1
@@ -46,12 +45,12 @@ rule sparsity_run:
         "../../envs/seqmix.yaml"
     shell:
         "python -m seqmix sparsity --config {params.cfg:q} --threads {threads} "
-        "--run $(dirname {input}) --out {output} > {log} 2>&1"
+        "--run {params.run:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule sparsity:
     input:
-        lambda w: [f"{RESULTS}/analysis/sparsity/{t}/{a}/seed{s}.csv" for t, a, s in sparsity_runs(config)],
+        lambda w: [f"{RESULTS}/analysis/sparsity/{t}/{a}/seed{s}.csv" for t, a, s in sparsity_runs(STUDY)],
     output:
         f"{RESULTS}/analysis/sparsity.csv",
     log:
@@ -59,7 +58,7 @@ rule sparsity:
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix concat {input} --out {output} > {log} 2>&1"
+        "python -m seqmix concat {input:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule sparsity_analytic:
@@ -73,13 +72,13 @@ rule sparsity_analytic:
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix sparsity-analytic --config {params.cfg:q} --out {output} > {log} 2>&1"
+        "python -m seqmix sparsity-analytic --config {params.cfg:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule geometry:
-    # Every run of the task (the command keeps the Grassmann and TSSA ones), as for sparsity.
+    # Every run of the task (the command keeps those whose mixer has a geometry).
     input:
-        lambda w: all_runs("model.pt", task=config["analysis"]["geometry"]["task"]),
+        lambda w: all_runs("model.pt", among=geometry_runs(STUDY)),
     output:
         f"{RESULTS}/analysis/geometry.csv",
     params:
@@ -90,4 +89,4 @@ rule geometry:
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix geometry --config {params.cfg:q} --threads {threads} --out {output} > {log} 2>&1"
+        "python -m seqmix geometry --config {params.cfg:q} --threads {threads} --out {output:q} > {log:q} 2>&1"

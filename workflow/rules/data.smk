@@ -1,34 +1,29 @@
 # Data: the tokenizer, then each task's prepared files with a manifest (sha256 + counts).
-
-
+# The points of a sweep share their task's data (its "group").
 rule data_tokenizer:
     output:
         f"{DATA}/tokenizer/manifest.json",
         f"{DATA}/tokenizer/tokenizer.json",
     params:
-        spec=lambda w: as_json(data_spec(config, "tokenizer")),
+        spec=lambda w: tokenizer_job(STUDY).model_dump_json(),
     log:
         f"{RESULTS}/logs/data/tokenizer.log",
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix data tokenizer --spec {params.spec:q} > {log} 2>&1"
-
-
-def data_inputs(w):
-    return [] if w.task == "mqar" else [f"{DATA}/tokenizer/manifest.json"]
+        "python -m seqmix data tokenizer --spec {params.spec:q} > {log:q} 2>&1"
 
 
 rule data_task:
     input:
         data_inputs,
     output:
-        f"{DATA}/{{task}}/manifest.json",
+        f"{DATA}/{{group}}/manifest.json",
     params:
-        spec=lambda w: as_json(data_spec(config, w.task)),
+        spec=lambda w: data_job(STUDY, w.group).model_dump_json(),
     log:
-        f"{RESULTS}/logs/data/{{task}}.log",
+        f"{RESULTS}/logs/data/{{group}}.log",
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix data {wildcards.task} --spec {params.spec:q} > {log} 2>&1"
+        "python -m seqmix data {wildcards.group:q} --spec {params.spec:q} > {log:q} 2>&1"

@@ -1,48 +1,5 @@
 # Report: each notebook (papermill) writes its figures and tables; latexmk builds the PDF.
 # Any figure or table is a target of its own: `snakemake --cores all paper/figures/<name>.pdf`.
-import shlex
-
-import yaml
-
-with open(SRC / "notebooks" / "outputs.yaml") as _f:
-    NOTEBOOKS = yaml.safe_load(_f)
-
-
-def notebook_outputs(name):
-    nb = NOTEBOOKS[name]
-    return [f"paper/figures/{f}.pdf" for f in nb["figures"]] + [f"paper/tables/{t}.tex" for t in nb["tables"]]
-
-
-def notebook_outputs_for_report(name):
-    # The same files, figures flagged for `snakemake --report` (the HTML beside the PDF).
-    # (`report` cannot start a line here: the Snakemake parser reads it as a keyword.)
-    caption = str(SRC / "workflow" / "report" / "figure.rst")
-    flagged = [report(f, caption=caption, category=name) for f in notebook_outputs(name) if f.endswith(".pdf")]
-    return flagged + [f for f in notebook_outputs(name) if not f.endswith(".pdf")]
-
-
-def notebook_inputs(name):
-    files = []
-    for item in NOTEBOOKS[name]["inputs"]:
-        if item.startswith("runs:"):
-            files += all_runs(item.removeprefix("runs:"))
-        elif item.startswith("src:"):
-            files.append(str(SRC / item.removeprefix("src:")))
-        elif item.startswith("bench:"):
-            # Committed GPU benchmark CSVs (results/bench/), read when present.
-            files += sorted(str(p) for p in (SRC / "results" / "bench").glob(item.removeprefix("bench:")))
-        else:
-            files.append(f"{RESULTS}/{item}")
-    return files
-
-
-def notebook_params(name):
-    params = {"results_dir": RESULTS, "paper_dir": "paper"}
-    for key, value in NOTEBOOKS[name].get("params", {}).items():
-        params[key] = str(SRC / value.removeprefix("src:")) if value.startswith("src:") else value
-    return " ".join(f"-p {k} {shlex.quote(v)}" for k, v in params.items())
-
-
 for _name in NOTEBOOKS:
 
     rule:
@@ -61,8 +18,8 @@ for _name in NOTEBOOKS:
         conda:
             "../../envs/seqmix.yaml"
         shell:
-            "papermill --log-output -k python3 {input.notebook} {output.executed} "
-            "{params.papermill} > {log} 2>&1"
+            "papermill --log-output -k python3 {input.notebook:q} {output.executed:q} "
+            "{params.papermill} > {log:q} 2>&1"
 
 
 REPORT_SOURCES = [str(p) for p in sorted((SRC / "paper").glob("*.tex"))] + [
@@ -72,18 +29,24 @@ REPORT_SOURCES = [str(p) for p in sorted((SRC / "paper").glob("*.tex"))] + [
 
 rule report:
     input:
+        main=str(SRC / "paper" / "report.tex"),
         sources=REPORT_SOURCES,
         generated=[f for name in NOTEBOOKS for f in notebook_outputs(name)],
     output:
         report("paper/report.pdf", caption=str(SRC / "workflow" / "report" / "report.rst"), category="report"),
     params:
-        src=str(SRC / "paper"),
+        # The sources' folder; with // TeX searches its subfolders (sections/) too.
+        texinputs=lambda w, input: str(Path(input.main).parent) + "//",
     log:
         f"{RESULTS}/logs/report.log",
+    # The Python side of the environment; latexmk and TeX Live come from the system (the
+    # Makefile installs Debian's packages), in a conda run too.
+    conda:
+        "../../envs/seqmix.yaml"
     shell:
         # TEXINPUTS lets the sources in the repository find the generated figures and
         # tables in this working directory's paper/ (the same folder in a normal run).
-        "LOG=$(realpath -m {log}); mkdir -p paper && cd paper && TEXINPUTS=.:{params.src}//: "
+        "LOG=$(realpath -m {log:q}); mkdir -p paper && cd paper && TEXINPUTS=.:{params.texinputs:q}: "
         "latexmk -g -pdf -interaction=nonstopmode -halt-on-error -file-line-error -outdir=. "
-        "{params.src}/report.tex > $LOG 2>&1 "
+        "{input.main:q} > \"$LOG\" 2>&1 "
         "&& ! grep -E 'There were undefined references|Reference .* undefined|Citation .* undefined' report.log"

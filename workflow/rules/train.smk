@@ -1,15 +1,9 @@
 # Training: one job per (task, architecture, seed); then its evaluation on held-out splits.
 # The checkpoint (checkpoints/last.pt) is deliberately not an output: Snakemake removes
 # the outputs of a killed job, and the rerun resumes from the checkpoint.
-
-
-def train_threads(w):
-    return config["tasks"][w.task]["train"]["threads"] or workflow.cores
-
-
 rule train:
     input:
-        f"{DATA}/{{task}}/manifest.json",
+        lambda w: f"{DATA}/{group_of(w.task)}/manifest.json",
     output:
         metrics=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/metrics.json",
         model=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/model.pt",
@@ -17,14 +11,14 @@ rule train:
         provenance=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/provenance.json",
         config=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/config.json",
     params:
-        spec=lambda w: as_json(run_spec(config, w.task, w.arch, int(w.seed))),
+        spec=lambda w: run_spec(STUDY, w.task, w.arch, int(w.seed)).model_dump_json(),
     log:
         f"{RESULTS}/logs/train/{{task}}/{{arch}}/seed{{seed}}.log",
     threads: train_threads
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix train --spec {params.spec:q} > {log} 2>&1"
+        "python -m seqmix train --spec {params.spec:q} > {log:q} 2>&1"
 
 
 rule eval:
@@ -33,13 +27,15 @@ rule eval:
         model=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/model.pt",
     output:
         f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/eval.json",
+    params:
+        run=lambda w: run_path(w.task, w.arch, w.seed, ""),
     log:
         f"{RESULTS}/logs/eval/{{task}}/{{arch}}/seed{{seed}}.log",
     threads: train_threads
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix eval --run $(dirname {input.metrics}) > {log} 2>&1"
+        "python -m seqmix eval --run {params.run:q} > {log:q} 2>&1"
 
 
 rule collect:
@@ -48,10 +44,10 @@ rule collect:
     output:
         f"{RESULTS}/summary/runs.csv",
     params:
-        cfg=lambda w: as_json({k: config[k] for k in ("results_dir", "tasks", "architectures", "seeds")}),
+        cfg=lambda w: study_config(),
     log:
         f"{RESULTS}/logs/collect.log",
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix collect --config {params.cfg:q} --out {output} > {log} 2>&1"
+        "python -m seqmix collect --config {params.cfg:q} --out {output:q} > {log:q} 2>&1"

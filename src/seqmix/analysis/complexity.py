@@ -49,12 +49,14 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from seqmix import mixers
+from seqmix.sections import ComplexitySpec
 from seqmix.train.provenance import device_record
 
 FIELDS = ["arch", "device", "device_name", "d_model", "batch", "seq_len", "repeat",
@@ -139,20 +141,20 @@ def measure_mixer(arch: str, d_model: int, seq_len: int, batch: int, repeats: in
     return rows
 
 
-def run_complexity(archs: list[str], cfg: dict, device: torch.device, mixer_options: dict,
+def run_complexity(archs: list[str], cfg: ComplexitySpec, device: torch.device, mixer_options: dict,
                    progress: bool = True) -> list[dict]:
-    """Measure every arch over cfg['lengths'] (ascending); an arch stops growing L once
-    one forward+backward takes longer than cfg['max_seconds'] or runs out of memory."""
+    """Measure every arch over cfg.lengths (ascending); an arch stops growing L once
+    one forward+backward takes longer than cfg.max_seconds or runs out of memory."""
     rows = []
-    lengths = sorted(cfg["lengths"])
+    lengths = sorted(cfg.lengths)
     jobs = tqdm([(a, L) for a in archs for L in lengths], desc="complexity", disable=not progress)
     stopped: set[str] = set()
     for arch, L in jobs:
         if arch in stopped:
             continue
         try:
-            got = measure_mixer(arch, cfg["d_model"], L, cfg["batch_size"], cfg["repeats"],
-                                cfg["warmup"], device, mixer_options.get(arch, {}))
+            got = measure_mixer(arch, cfg.d_model, L, cfg.batch_size, cfg.repeats,
+                                cfg.warmup, device, mixer_options.get(arch, {}))
         except (torch.OutOfMemoryError, RuntimeError) as e:
             # CUDA raises OutOfMemoryError; the CPU allocator a RuntimeError naming memory.
             if not isinstance(e, torch.OutOfMemoryError) and "memory" not in str(e):
@@ -163,7 +165,7 @@ def run_complexity(archs: list[str], cfg: dict, device: torch.device, mixer_opti
                 torch.cuda.empty_cache()
             continue
         rows.extend(got)
-        if statistics.median(r["fwdbwd_ms"] for r in got) > cfg["max_seconds"] * 1e3:
+        if statistics.median(r["fwdbwd_ms"] for r in got) > cfg.max_seconds * 1e3:
             stopped.add(arch)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -209,3 +211,19 @@ def fit_table(rows: list[dict], longest: int = 3) -> list[dict]:
                         "min_len": lengths[0], "max_len": lengths[-1], **fit, "flops_slope": flops_slope,
                         "value_at_max_len": statistics.median(at_max) if at_max else float("nan")})
     return out
+
+
+def write_complexity(archs: list[str], spec: ComplexitySpec, mixer_options: dict, out: Path, fit_out: Path, *,
+                     device: str | None = None, threads: int | None = None, progress: bool = True) -> tuple[int, int]:
+    """Measure ``archs`` as ``spec`` says and write complexity.csv and complexity_fit.csv;
+    returns (rows, fits). ``device`` overrides ``spec.device``."""
+    from seqmix.io import write_csv
+    from seqmix.train.loop import resolve_device
+
+    if threads:
+        torch.set_num_threads(threads)
+    rows = run_complexity(archs, spec, resolve_device(device or spec.device), mixer_options, progress=progress)
+    fits = fit_table(rows, longest=spec.fit_longest)
+    write_csv(out, rows, FIELDS)
+    write_csv(fit_out, fits, FIT_FIELDS)
+    return len(rows), len(fits)

@@ -60,7 +60,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from seqmix.analysis.capture import capture_mixer_inputs
 from seqmix.mixers.grassmann import CausalGrassmann, pair_indices, plucker
+from seqmix.sections import GeometrySpec
 
 FIELDS = ["task", "arch", "seed", "layer", "quantity", "offset", "stat", "value", "unit", "count"]
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -221,8 +223,6 @@ def has_geometry(mixer_cls: type) -> bool:
 def model_geometry(model: torch.nn.Module, seqs: torch.Tensor, max_quadruples: int | None = 2000,
                    tssa_eps: float = 0.5, seed: int = 0) -> list[dict]:
     """geometry.csv rows (without the run columns) for a causal LM reading ``seqs`` (N, L)."""
-    from seqmix.analysis.sparsity import capture_mixer_inputs
-
     model.eval()
     inputs = capture_mixer_inputs(model, lambda: model(seqs))
     rows = []
@@ -238,13 +238,27 @@ def model_geometry(model: torch.nn.Module, seqs: torch.Tensor, max_quadruples: i
     return rows
 
 
-def run_geometry(run_dir: str | Path, split: str, num_sequences: int, max_quadruples: int | None = 2000,
-                 tssa_eps: float = 0.5, seed: int = 0) -> list[dict]:
-    """geometry.csv rows of one trained run on ``num_sequences`` held-out sequences."""
-    from seqmix.analysis.sparsity import heldout_sequences
+def run_geometry(run_dir: str | Path, spec: GeometrySpec) -> list[dict]:
+    """geometry.csv rows of one trained run on ``spec.num_sequences`` held-out sequences."""
     from seqmix.train.evaluate import load_run
 
-    model, task, spec = load_run(run_dir)
-    seqs = heldout_sequences(task, spec, split, num_sequences)
-    run = {"task": spec["task"], "arch": spec["arch"], "seed": spec["seed"]}
-    return [{**run, **r} for r in model_geometry(model, seqs, max_quadruples, tssa_eps, seed)]
+    model, task, run = load_run(run_dir)
+    (seqs,) = task.heldout_inputs(spec.split, spec.num_sequences, crop_len=0)
+    ids = {"task": run.task, "arch": run.arch, "seed": run.seed}
+    return [{**ids, **r} for r in model_geometry(model, seqs, spec.max_quadruples, spec.tssa_eps, spec.seed)]
+
+
+def write_geometry(run_dirs: list[Path], spec: GeometrySpec, out: Path, threads: int | None = None) -> int:
+    """geometry.csv of the runs among ``run_dirs`` whose mixer has a geometry to measure
+    (Grassmann, TSSA); returns the row count."""
+    from seqmix import mixers
+    from seqmix.io import read_json, write_csv
+
+    if threads:
+        torch.set_num_threads(threads)
+    rows = []
+    for d in run_dirs:
+        if has_geometry(mixers.mixer_class(read_json(Path(d) / "metrics.json")["arch"])):
+            rows += run_geometry(d, spec)
+    write_csv(out, rows, FIELDS)
+    return len(rows)

@@ -42,6 +42,9 @@ from pathlib import Path
 
 import torch
 
+from seqmix.analysis.capture import capture_mixer_inputs
+from seqmix.sections import SparsitySpec
+
 FIELDS = ["task", "arch", "seed", "kind", "layer", "head", "rows", "min_row_len",
           "S_mean", "S_std", "S_median", "S_onehot_mean", "row_len_mean", "sequences", "seq_len"]
 
@@ -91,54 +94,16 @@ def row_stats(scores: torch.Tensor, causal: bool, min_row_len: int) -> list[dict
     return out
 
 
-def capture_mixer_inputs(model: torch.nn.Module, run: callable) -> list[torch.Tensor]:
-    """The input each block's mixer received while ``run()`` executed, in layer order."""
-    inputs: list[torch.Tensor] = []
-    hooks = [block.mixer.register_forward_pre_hook(lambda _m, args: inputs.append(args[0].detach()))
-             for block in model.blocks]
-    try:
-        with torch.no_grad():
-            run()
-    finally:
-        for h in hooks:
-            h.remove()
-    return inputs
-
-
-def heldout_sequences(task, spec: dict, split: str, num_sequences: int) -> torch.Tensor:
-    """The first ``num_sequences`` input sequences of a held-out split: (N, L) token ids."""
-    if spec["task"] == "wikitext2":
-        return task.eval_blocks(split, None)[:num_sequences, :-1]
-    if spec["task"] == "mqar":
-        return task.split(split)[0][:num_sequences]
-    raise ValueError(f"sparsity and geometry read language-model tasks (wikitext2, mqar), not {spec['task']!r}")
-
-
-def heldout_pairs(task, split: str, num_sequences: int, seq_len: int) -> tuple[torch.Tensor, ...]:
-    """(ids, segments, mask) of the first ``num_sequences`` held-out SNLI pairs whose
-    [CLS] premise [SEP] hypothesis [SEP] row has at least ``seq_len`` tokens, cropped to
-    ``seq_len``: no padding, so every row of the effective attention is over real tokens."""
-    import numpy as np
-
-    a = task.split(split)
-    lengths = np.diff(a["premise_offsets"]) + np.diff(a["hypothesis_offsets"]) + 3
-    pick = np.flatnonzero(lengths >= seq_len)[:num_sequences]
-    if len(pick) == 0:
-        raise ValueError(f"no held-out SNLI pair in split {split!r} has {seq_len} tokens; lower snli_seq_len")
-    ids, seg, mask, _ = task.collate(split, pick, "cpu")
-    return ids[:, :seq_len], seg[:, :seq_len], mask[:, :seq_len]
-
-
 def model_sparsity(
     model: torch.nn.Module,
-    seqs: torch.Tensor | tuple[torch.Tensor, ...],
+    seqs: tuple[torch.Tensor, ...],
     min_row_len: int = 16,
     jacobian_sequences: int = 2,
     chunk: int = 512,
     jacobian_positions: int | None = None,
 ) -> list[dict]:
-    """Rows of sparsity.csv (without the run columns) for a model reading ``seqs``: (N, L)
-    token ids for a language model, or the tuple of arguments of a pair classifier.
+    """Rows of sparsity.csv (without the run columns) for a model reading ``seqs``: the
+    tuple of the model's arguments (token ids (N, L) first).
 
     kind=attention per layer and head for mixers with scores; kind=jacobian per layer for
     every mixer, on the first ``jacobian_sequences`` sequences (L·d vector-Jacobian
@@ -149,7 +114,7 @@ def model_sparsity(
     from seqmix.analysis.jacobian import effective_attention
 
     model.eval()
-    args = seqs if isinstance(seqs, tuple) else (seqs,)
+    args = seqs if isinstance(seqs, tuple) else (seqs,)  # a bare (N, L) tensor of token ids too
     inputs = capture_mixer_inputs(model, lambda: model(*args))
     seq_len = args[0].shape[1]
     min_len = min(min_row_len, seq_len)
@@ -177,25 +142,29 @@ def model_sparsity(
     return rows
 
 
-def measured_sparsity(
-    run_dir: str | Path,
-    split: str,
-    num_sequences: int,
-    min_row_len: int = 16,
-    jacobian_sequences: int = 2,
-    chunk: int = 512,
-    jacobian_positions: int | None = None,
-    snli_seq_len: int = 32,
-) -> list[dict]:
-    """sparsity.csv rows of one trained run on ``num_sequences`` held-out sequences (for an
-    SNLI encoder: pairs cropped to ``snli_seq_len`` tokens)."""
+def measured_sparsity(run_dir: str | Path, spec: SparsitySpec) -> list[dict]:
+    """sparsity.csv rows of one trained run on ``spec.num_sequences`` held-out inputs of its
+    task (an encoder task's are cropped to ``spec.crop_len`` tokens: no padding in a row)."""
     from seqmix.train.evaluate import load_run
 
-    model, task, spec = load_run(run_dir)
-    if spec["task"] == "snli":
-        seqs = heldout_pairs(task, split, num_sequences, snli_seq_len)
-    else:
-        seqs = heldout_sequences(task, spec, split, num_sequences)
-    run = {"task": spec["task"], "arch": spec["arch"], "seed": spec["seed"]}
-    rows = model_sparsity(model, seqs, min_row_len, jacobian_sequences, chunk, jacobian_positions)
-    return [{**run, **r} for r in rows]
+    model, task, run = load_run(run_dir)
+    seqs = task.heldout_inputs(spec.split, spec.num_sequences, spec.crop_len)
+    ids = {"task": run.task, "arch": run.arch, "seed": run.seed}
+    rows = model_sparsity(model, seqs, spec.min_row_len, spec.jacobian_sequences, spec.jacobian_chunk,
+                          spec.jacobian_positions)
+    return [{**ids, **r} for r in rows]
+
+
+def write_sparsity(run_dirs: list[Path], spec: SparsitySpec, out: Path, threads: int | None = None) -> int:
+    """sparsity.csv of the finished runs among ``run_dirs`` (a diverged run has no
+    attention to measure: it contributes no rows); returns the row count."""
+    from seqmix.io import read_json, write_csv
+
+    if threads:
+        torch.set_num_threads(threads)
+    rows = []
+    for d in run_dirs:
+        if read_json(Path(d) / "metrics.json")["status"] == "ok":
+            rows += measured_sparsity(d, spec)
+    write_csv(out, rows, FIELDS)
+    return len(rows)

@@ -57,6 +57,8 @@ from collections.abc import Callable
 import numpy as np
 from scipy import integrate, special
 
+from seqmix.sections import SparsityAnalyticSpec
+
 FIELDS = ["kernel", "method", "beta", "gamma", "n", "lambda", "d", "S", "S_se", "rows"]
 
 SQRT2 = math.sqrt(2.0)
@@ -275,13 +277,13 @@ def _row(kernel, method, *, beta=float("nan"), gamma=float("nan"), n=float("inf"
             "lambda": lam, "d": d, "S": S, "S_se": S_se, "rows": rows}
 
 
-def analytic_curves(cfg: dict) -> list[dict]:
+def analytic_curves(cfg: SparsityAnalyticSpec) -> list[dict]:
     """Every row of sparsity_analytic.csv from the ``analysis.sparsity_analytic`` config:
     the closed forms over the β × γ grid, decay over λ × n, and finite-n Monte Carlo rows
     converging to the n → ∞ closed forms at the ``mc_points``."""
-    betas = np.linspace(*cfg["beta_range"], cfg["beta_points"])
-    gammas = np.linspace(*cfg["gamma_range"], cfg["gamma_points"])
-    d = cfg["feature_dim"]
+    betas = np.linspace(*cfg.beta_range, cfg.beta_points)
+    gammas = np.linspace(*cfg.gamma_range, cfg.gamma_points)
+    d = cfg.feature_dim
     rows = []
     for beta in betas:
         for gamma in gammas:
@@ -289,13 +291,13 @@ def analytic_curves(cfg: dict) -> list[dict]:
             for kernel in KERNELS:
                 rows.append(_row(kernel, "closed_form", beta=b, gamma=g, S=closed_form(kernel, b, g)))
             rows.append(_row("elu1", "closed_form", beta=b, gamma=g, d=d, S=s_elu1(g, b / g, d)))
-    for lam in cfg["lambdas"]:
-        for n in cfg["lengths"]:
+    for lam in cfg.lambdas:
+        for n in cfg.lengths:
             rows.append(_row("decay", "closed_form", n=int(n), lam=float(lam), S=float(s_decay(lam, n))))
-    for k, (beta, gamma) in enumerate(cfg["mc_points"]):
+    for k, (beta, gamma) in enumerate(cfg.mc_points):
         for kernel in KERNELS:
-            for n in cfg["mc_lengths"]:
-                s, se = s_monte_carlo_finite_n(kernel, beta, gamma, int(n), cfg["mc_rows"], seed=cfg["seed"] + k)
+            for n in cfg.mc_lengths:
+                s, se = s_monte_carlo_finite_n(kernel, beta, gamma, int(n), cfg.mc_rows, seed=cfg.seed + k)
                 rows.append(_row(kernel, "monte_carlo", beta=beta, gamma=gamma, n=int(n), S=s, S_se=se,
-                                 rows=cfg["mc_rows"]))
+                                 rows=cfg.mc_rows))
     return rows

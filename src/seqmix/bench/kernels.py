@@ -35,7 +35,6 @@ disagrees).
 
 from __future__ import annotations
 
-import csv
 import importlib
 import importlib.metadata
 import inspect
@@ -46,6 +45,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from seqmix.io import write_csv
 
 FIELDS = ["op", "impl", "pass", "L", "batch", "d_model", "dtype", "time_ms", "peak_mem_bytes",
           "bytes_moved", "bandwidth_GBps", "roofline_frac", "status", "device", "torch",
@@ -206,6 +207,7 @@ CASES: list[tuple[str, str, Callable]] = [
     ("tssa", "reference", tssa_case),
     ("attention", "sdpa", sdpa_case),
 ]
+OPS = list(dict.fromkeys(op for op, _, _ in CASES))  # the kernels' op names (kernels/<op>.py) and SDPA
 
 
 # -------------------------------------------------------------------------------------
@@ -299,16 +301,6 @@ def summarize(rows: list[dict]) -> list[str]:
     return lines
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(path)
-
-
 def run_gpu(lengths: list[int], out: Path | None, batch: int, dtype: torch.dtype,
             ops: list[str] | None = None) -> Path:
     device = torch.device("cuda")
@@ -332,7 +324,7 @@ def run_gpu(lengths: list[int], out: Path | None, batch: int, dtype: torch.dtype
                       + (f"{r['time_ms']:.4f} ms, {r['peak_mem_bytes'] / 2**20:.1f} MiB, "
                          f"{r['bandwidth_GBps']} GB/s" if r["status"] == "ok" else r["status"]))
             rows.extend(got)
-        write_csv(out, rows)  # after every length: a long sweep keeps what it measured
+        write_csv(out, rows, FIELDS)  # after every length: a long sweep keeps what it measured
     print("\n".join(summarize(rows)))
     print(f"wrote {len(rows)} rows to {out}")
     return out

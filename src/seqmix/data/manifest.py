@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from seqmix.io import write_json
+
 MANIFEST = "manifest.json"
 
 
@@ -41,12 +43,7 @@ def write_manifest(directory: str | Path, files: dict[str, dict[str, Any]], info
     for name, counts in files.items():
         p = directory / name
         entries[name] = {"sha256": sha256_file(p), "bytes": p.stat().st_size, **counts}
-    manifest = {**info, "files": entries}
-    out = directory / MANIFEST
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    tmp.replace(out)
-    return out
+    return write_json(directory / MANIFEST, {**info, "files": entries})
 
 
 def read_manifest(directory: str | Path, task: str, verify: bool = True) -> dict[str, Any]:

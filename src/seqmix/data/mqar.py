@@ -1,4 +1,5 @@
-"""Multi-query associative recall (Zoology, REFERENCE.md §7.1), generated from a seed.
+"""Multi-query associative recall (Zoology: Arora et al. 2024, arXiv:2312.04927, §3 and
+its generator zoology/data/multiquery_ar.py), generated from a seed.
 
 A context of key-value pairs [k1 v1 k2 v2 ...] is followed by a query region in which
 each key reappears at a power-law distributed gap; the label at a query key is its value
@@ -62,33 +63,30 @@ def multiquery_ar(
     return inputs, labels
 
 
-def prepare_mqar(spec: dict, out_dir: str | Path) -> dict:
-    c = spec["task_config"]
+def prepare_mqar(vocab_size: int, seq_len: int, num_kv_pairs: int, num_train: int, num_test: int,
+                 power_a: float, random_non_queries: bool, data_seed: int, out_dir: str | Path) -> dict:
+    """``<split>.npz`` (inputs, labels) of every split with their manifest; returns its info."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files, splits = {}, {}
     for split, offset in SPLITS.items():
-        n = c["num_train"] if split == "train" else c["num_test"]
-        inputs, labels = multiquery_ar(
-            c["vocab_size"], n, c["seq_len"], c["num_kv_pairs"], c["power_a"],
-            c["random_non_queries"], seed=c["data_seed"] + offset,
-        )
+        n = num_train if split == "train" else num_test
+        inputs, labels = multiquery_ar(vocab_size, n, seq_len, num_kv_pairs, power_a, random_non_queries,
+                                       seed=data_seed + offset)
         np.savez(out_dir / f"{split}.npz", inputs=inputs, labels=labels)
         files[f"{split}.npz"] = {"examples": n}
         splits[split] = {
-            "description": f"synthetic MQAR, {n:,} examples, seed {c['data_seed'] + offset}",
+            "description": f"synthetic MQAR, {n:,} examples, seed {data_seed + offset}",
             "complete": True,
             "examples": n,
             "queries": int((labels != -100).sum()),
         }
     info = {
-        "task": "mqar",
-        "dataset": (
-            f"MQAR (Zoology generator): vocab {c['vocab_size']}, seq_len {c['seq_len']}, "
-            f"{c['num_kv_pairs']} key-value pairs"
-        ),
+        "dataset": f"MQAR (Zoology generator): vocab {vocab_size}, seq_len {seq_len}, {num_kv_pairs} key-value pairs",
         "source": "generated",
-        "generator": {k: c[k] for k in sorted(c)},
+        "generator": {"vocab_size": vocab_size, "seq_len": seq_len, "num_kv_pairs": num_kv_pairs,
+                      "num_train": num_train, "num_test": num_test, "power_a": power_a,
+                      "random_non_queries": random_non_queries, "data_seed": data_seed},
         "splits": splits,
     }
     write_manifest(out_dir, files, info)

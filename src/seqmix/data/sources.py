@@ -8,8 +8,10 @@ import dataclasses
 import os
 from pathlib import Path
 
-from seqmix.config import MIRROR_ENV
+import numpy as np
+
 from seqmix.data.manifest import DataError, check_sha256
+from seqmix.sections import MIRROR_ENV, DataSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +68,10 @@ class Source:
         return f"local mirror {self.mirror}" if self.kind == "mirror" else "Hugging Face hub"
 
 
-def resolve_source(data_cfg: dict) -> Source:
+def resolve_source(data: DataSpec) -> Source:
     """The configured source: ``data.mirror`` (or $SEQMIX_DATA_MIRROR) or the hub."""
-    mirror = data_cfg.get("mirror") or os.environ.get(MIRROR_ENV) or None
-    source = data_cfg.get("source", "auto")
+    mirror = data.mirror or os.environ.get(MIRROR_ENV) or None
+    source = data.source
     if source == "hub" or (source == "auto" and not mirror):
         return Source("hub", None)
     if not mirror:
@@ -107,3 +109,54 @@ def mirror_file(source: Source, task: str, split: str, verify: bool = True) -> P
         hint = (" The shared mirror has only ~1.2% of SNLI train: set "
                 "'tasks.snli.train_file: train_sample_1pct' to train on its 1% sample.")
     raise DataError(f"data file {names} is missing from the mirror ({raw.description}).{hint}")
+
+
+# ------------------------------------------------------------------------------------------
+# Raw loaders: Hugging Face `datasets` from the hub, or its builders on the mirror's files.
+# ------------------------------------------------------------------------------------------
+
+WIKITEXT_SPLITS = ("train", "validation", "test")
+SNLI_LABELS = {"entailment": 0, "neutral": 1, "contradiction": 2}
+SNLI_TRAIN_PAIRS = 550_152
+
+
+def load_wikitext2(source: Source, splits=WIKITEXT_SPLITS):
+    """A DatasetDict with a "text" column, one row per raw line, for ``splits``."""
+    import datasets
+
+    if source.kind == "hub":
+        name, config = HUB_NAMES["wikitext2"]
+        ds = datasets.load_dataset(name, config)
+        return datasets.DatasetDict({s: ds[s] for s in splits})
+    files = {s: str(mirror_file(source, "wikitext2", s)) for s in splits}
+    return datasets.load_dataset("text", data_files=files)
+
+
+def _hub_subset(ds, train_file: str):
+    # The mirror's subsets were cut from the official train file; on the hub the same rows
+    # are recovered with the same sampler (shared/data/README.md).
+    if train_file == "train_sample_1pct":
+        idx = np.random.RandomState(0).choice(SNLI_TRAIN_PAIRS, 5502, replace=False)
+        return ds.select(idx.tolist())
+    if train_file == "train_head_1024":
+        return ds.select(range(1024))
+    return ds
+
+
+def load_snli(source: Source, train_file: str):
+    """A DatasetDict (train, validation, test) with premise, hypothesis and an int label
+    (0 entailment, 1 neutral, 2 contradiction, -1 no gold label)."""
+    import datasets
+
+    if source.kind == "hub":
+        ds = datasets.load_dataset(HUB_NAMES["snli"][0])
+        return datasets.DatasetDict(
+            train=_hub_subset(ds["train"], train_file), validation=ds["validation"], test=ds["test"]
+        )
+    files = {
+        "train": str(mirror_file(source, "snli", train_file)),
+        "validation": str(mirror_file(source, "snli", "validation")),
+        "test": str(mirror_file(source, "snli", "test")),
+    }
+    ds = datasets.load_dataset("json", data_files=files)
+    return ds.map(lambda row: {"label": SNLI_LABELS.get(row["label"], -1)}, desc="labels")

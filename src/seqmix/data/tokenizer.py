@@ -11,7 +11,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from seqmix.data.manifest import DataError, read_manifest, sha256_file, write_manifest
-from seqmix.data.sources import Source, resolve_source
+from seqmix.data.sources import Source, load_wikitext2, resolve_source
+from seqmix.spec import TokenizerJob
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TOKENIZER_FILE = "tokenizer.json"
@@ -49,31 +50,29 @@ def train_wordpiece(lines, vocab_size: int) -> Tokenizer:
     return tok
 
 
-def prepare_tokenizer(spec: dict, out_dir: str | Path) -> dict:
-    """Build the tokenizer described by ``spec['tokenizer']`` into ``out_dir``."""
-    from seqmix.data.wikitext import load_wikitext2  # the training text
-
-    tcfg = spec["tokenizer"]
-    source = resolve_source(spec["data"])
-    kind = tcfg["kind"]
+def prepare_tokenizer(job: TokenizerJob) -> dict:
+    """Build the tokenizer described by ``job.tokenizer`` into ``job.out_dir``."""
+    tcfg = job.tokenizer
+    source = resolve_source(job.data)
+    kind = tcfg.kind
     if kind == "auto":
         kind = "pretrained" if source.kind == "hub" else "trained"
-    out_dir = Path(out_dir)
+    out_dir = Path(job.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if kind == "pretrained":
         try:
-            tok = Tokenizer.from_pretrained(tcfg["pretrained_name"])
+            tok = Tokenizer.from_pretrained(tcfg.pretrained_name)
         except Exception as e:  # the hub is unreachable or the name is wrong
             raise DataError(
-                f"could not download tokenizer {tcfg['pretrained_name']!r} from the Hugging Face "
+                f"could not download tokenizer {tcfg.pretrained_name!r} from the Hugging Face "
                 f"hub ({type(e).__name__}: {e}); set 'tokenizer.kind: trained' (or use a data "
                 "mirror) to train a WordPiece vocabulary locally"
             ) from e
-        description = f"{tcfg['pretrained_name']} WordPiece (pretrained, from the hub)"
+        description = f"{tcfg.pretrained_name} WordPiece (pretrained, from the hub)"
     else:
-        split = tcfg["train_split"]
+        split = tcfg.train_split
         texts = load_wikitext2(source, [split])[split]["text"]
-        tok = train_wordpiece(texts, tcfg["vocab_size"])
+        tok = train_wordpiece(texts, tcfg.vocab_size)
         description = (
             f"WordPiece, vocabulary {tok.get_vocab_size():,}, trained with HF tokenizers on the "
             f"WikiText-2 {split} split (bert-base-uncased was not reachable)"

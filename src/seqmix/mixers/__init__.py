@@ -1,47 +1,28 @@
 """The mixer registry: every architecture the study compares, by name.
 
-A mixer maps (batch, L, d_model) -> (batch, L, d_model). Adding one is one module in this
-package plus one line in ``_REGISTRY`` (and its name in the config schema's ``arch_name``
-enum, which a test keeps in step with this table).
+A mixer maps (batch, L, d_model) -> (batch, L, d_model). The names, import paths, labels
+and flags live in the torch-free catalogue (``seqmix/catalogue.py``); adding a mixer is its
+module plus one line there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any
 
+from seqmix import catalogue
 from seqmix.mixers.base import Mixer, MixerOptionsError
-
-# name -> "module:Class". Imported lazily so that `import seqmix.mixers` stays cheap.
-_REGISTRY: dict[str, str] = {
-    "softmax": "seqmix.mixers.softmax:SoftmaxAttention",
-    "grassmann": "seqmix.mixers.grassmann:CausalGrassmann",
-    "linear": "seqmix.mixers.linear:LinearAttention",
-    "performer": "seqmix.mixers.performer:Performer",
-    "sliding_window": "seqmix.mixers.sliding_window:SlidingWindowAttention",
-    "bigbird": "seqmix.mixers.bigbird:BigBirdAttention",
-    "gla": "seqmix.mixers.gla:GatedLinearAttention",
-    "h3": "seqmix.mixers.h3:H3",
-    "mamba": "seqmix.mixers.mamba:Mamba",
-    "tssa": "seqmix.mixers.tssa:TokenStatisticsAttention",
-    "crate": "seqmix.mixers.crate:CrateAttention",
-    "linformer": "seqmix.mixers.linformer:Linformer",
-}
 
 __all__ = ["Mixer", "MixerOptionsError", "build", "mixer_class", "names", "options_for_layer"]
 
 
 def names() -> list[str]:
-    """The registered architecture names, in the order the report lists them."""
-    return list(_REGISTRY)
+    """The catalogued architecture names, in the order the report lists them."""
+    return catalogue.mixer_names()
 
 
 def mixer_class(name: str) -> type[Mixer]:
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown mixer {name!r}; registered: {', '.join(_REGISTRY)}")
-    module_name, class_name = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return catalogue.load(catalogue.mixer_entry(name).path)
 
 
 def options_for_layer(name: str, options: dict[str, Any], layer_index: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from seqmix.report.latex import mean_ci
+from seqmix.report.summary import mean_ci
 
 KINDS = ("relative_gap", "accuracy_difference", "metric_threshold", "complexity_exponent",
          "su_closed_form", "measured_sparsity")
@@ -44,6 +44,9 @@ class ClaimResult:
     measured_on: str
     verdict: str
     why: str
+    # The per-seed (or per-point) values the verdict was computed from, for figures: the
+    # notebooks plot these rather than recomputing a claim's number.
+    values: list[float] = dataclasses.field(default_factory=list)
 
 
 def load_claims(path: str | Path) -> list[dict]:
@@ -170,7 +173,8 @@ def eval_paired(res: Results, claim: dict) -> ClaimResult:
     if n == 0:
         return _result(claim, mean, half, _run_scale(rows) if len(rows) else "--", "not testable",
                        "no seed finished for both architectures")
-    return _decide(claim, mean, half, _run_scale(rows), _run_requirements(claim, rows))
+    return dataclasses.replace(_decide(claim, mean, half, _run_scale(rows), _run_requirements(claim, rows)),
+                               values=[float(v) for v in values])
 
 
 def eval_threshold(res: Results, claim: dict) -> ClaimResult:
@@ -179,7 +183,8 @@ def eval_threshold(res: Results, claim: dict) -> ClaimResult:
     rows = _metric_rows(res, claim, claim["arch"])
     col = "eval_value" if claim.get("split", "test") == "eval" else "test_value"
     mean, half, _ = mean_ci(rows[col])
-    return _decide(claim, mean, half, _run_scale(rows), _run_requirements(claim, rows))
+    return dataclasses.replace(_decide(claim, mean, half, _run_scale(rows), _run_requirements(claim, rows)),
+                               values=[float(v) for v in rows[col]])
 
 
 def eval_complexity(res: Results, claim: dict) -> ClaimResult:

@@ -1,36 +1,36 @@
-"""One plotting style for every figure of the report, and the figure writer."""
+"""One plotting style for every figure of the report, and the figure writer. Order,
+labels and colours of the architectures come from the catalogue (seqmix/catalogue.py), so
+a mixer looks the same in every figure and a new one is drawn with no change here."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-# Architecture order and colours, fixed across figures so a mixer looks the same everywhere.
-ARCH_ORDER = [
-    "softmax", "grassmann", "linear", "performer", "sliding_window", "bigbird", "gla", "h3",
-    "mamba", "tssa", "crate", "linformer",
-]
-ARCH_LABELS = {
-    "softmax": "Softmax", "grassmann": "Grassmann", "linear": "Linear (elu+1)",
-    "performer": "Performer", "sliding_window": "Sliding window", "bigbird": "BigBird",
-    "gla": "GLA", "h3": "H3", "mamba": "Mamba", "tssa": "ToST (TSSA)", "crate": "CRATE",
-    "linformer": "Linformer",
-}
+from seqmix import catalogue
+from seqmix.io import atomic_path
 
 
 def arch_label(arch: str) -> str:
-    return ARCH_LABELS.get(arch, arch)
+    return catalogue.label(arch)
 
 
-def palette() -> dict[str, tuple]:
-    import seaborn as sns
+METRIC_LABELS = {"ppl": "perplexity", "accuracy": "accuracy"}
 
-    colours = sns.color_palette("tab20", len(ARCH_ORDER))
-    return {a: colours[i] for i, a in enumerate(ARCH_ORDER)}
+
+def metric_label(metric: str) -> str:
+    return METRIC_LABELS.get(metric, metric)
+
+
+def palette() -> dict[str, str]:
+    """Colour of every catalogued mixer."""
+    return {m.name: m.colour for m in catalogue.MIXERS}
 
 
 def ordered(archs) -> list[str]:
+    """``archs`` in catalogue order (names not in the catalogue last, alphabetically)."""
+    order = catalogue.mixer_names()
     archs = list(dict.fromkeys(archs))
-    return sorted(archs, key=lambda a: (ARCH_ORDER.index(a) if a in ARCH_ORDER else len(ARCH_ORDER), a))
+    return sorted(archs, key=lambda a: (order.index(a) if a in order else len(order), a))
 
 
 def apply_style() -> None:
@@ -52,10 +52,9 @@ def apply_style() -> None:
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, metadata={"CreationDate": None, "ModDate": None})
     import matplotlib.pyplot as plt
 
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip("."), metadata={"CreationDate": None, "ModDate": None})
     plt.close(fig)
-    return path
+    return Path(path)

@@ -1,21 +1,19 @@
-"""Checkpoints: written atomically (a killed job never leaves a half-written file) and
-read back with ``weights_only=True`` (no arbitrary code runs on load)."""
+"""Checkpoints: written atomically (seqmix.io: a killed job never leaves a half-written
+file) and read back with ``weights_only=True`` (no arbitrary code runs on load)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from seqmix.io import atomic_path
+
 
 def save_atomic(obj: Any, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def load(path: str | Path, map_location="cpu") -> Any:

@@ -4,28 +4,33 @@ Seeded; AdamW with linear warmup and cosine decay; gradient clipping; periodic e
 an atomic checkpoint every N steps and automatic resume from it; a run directory with
 metrics.json, log.csv, config.json, provenance.json and model.pt. A run whose loss becomes
 NaN or infinite is recorded as diverged (status "diverged") and exits cleanly so the DAG
-goes on.
+goes on. The steps of a run are named functions: ``start`` (build, then resume or
+initialise), ``train_step``, ``evaluate_now``, ``save_checkpoint`` and ``finish``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
+import dataclasses
 import hashlib
-import json
 import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from seqmix.io import write_csv, write_json
 from seqmix.mixers.base import force_reference
 from seqmix.models.budget import solve_budget
+from seqmix.sections import TrainSpec
+from seqmix.spec import RunSpec
+from seqmix.tasks import make_task
+from seqmix.tasks.base import Task
 from seqmix.train import checkpoint
 from seqmix.train.provenance import provenance
-from seqmix.train.tasks import Task, make_task
 
 LOG_FIELDS = ["step", "phase", "loss", "metric", "metric_value", "lr", "grad_norm", "seen", "elapsed_s"]
 CHECKPOINT = Path("checkpoints") / "last.pt"
@@ -39,13 +44,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def spec_hash(spec: dict) -> str:
+def spec_hash(spec: RunSpec) -> str:
     """Identity of a run's settings; a checkpoint from other settings is not resumed."""
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
 
 
-def lr_lambda(tcfg: dict):
-    warmup, total, floor = tcfg["warmup_steps"], tcfg["steps"], tcfg["min_lr_ratio"]
+def lr_lambda(train: TrainSpec):
+    warmup, total, floor = train.warmup_steps, train.steps, train.min_lr_ratio
 
     def f(step: int) -> float:
         if step < warmup:
@@ -56,7 +61,7 @@ def lr_lambda(tcfg: dict):
     return f
 
 
-def make_optimizer(model: torch.nn.Module, tcfg: dict) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, train: TrainSpec) -> torch.optim.AdamW:
     # Decay matrices only (nanoGPT): not biases, norms, embeddings' positions, nor the
     # parameters a mixer names in no_weight_decay() (Mamba's A_log and D, ToST's temp).
     no_decay = set()
@@ -69,160 +74,194 @@ def make_optimizer(model: torch.nn.Module, tcfg: dict) -> torch.optim.AdamW:
             continue
         seen.add(id(p))
         (decay if p.dim() >= 2 and name not in no_decay else other).append(p)
-    groups = [{"params": decay, "weight_decay": tcfg["weight_decay"]}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=tcfg["lr"], betas=tuple(tcfg["betas"]))
+    groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas))
 
 
-def _autocast(device: torch.device, precision: str):
+def autocast(device: torch.device, precision: str):
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
-def eval_splits(task: Task) -> tuple[str, str]:
-    """(periodic-evaluation split, final test split)."""
-    cfg = task.cfg
-    return cfg.get("eval_split", "validation"), cfg.get("test_split", "test")
-
-
-def write_log(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=LOG_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-
-
-def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
-
-
-def build_for_spec(spec: dict, task: Task) -> tuple[torch.nn.Module, dict]:
+def build_for_spec(spec: RunSpec, task: Task) -> tuple[torch.nn.Module, dict]:
     """The model of a run, sized by its budget; returns (model, size record)."""
-    m = spec["model"]
-    d, n, params = solve_budget(task.build_model, d_model=m["d_model"], n_layers=m["n_layers"], **m["budget"])
-    torch.manual_seed(spec["seed"])
+    m = spec.model
+    d, n, params = solve_budget(task.build_model, d_model=m.d_model, n_layers=m.n_layers, **m.budget.model_dump())
+    torch.manual_seed(spec.seed)
     model = task.build_model(d, n)
-    return model, {"d_model": d, "n_layers": n, "params": params, "budget": m["budget"]}
+    return model, {"d_model": d, "n_layers": n, "params": params, "budget": m.budget.model_dump()}
 
 
-def train(spec: dict, progress: bool = True) -> dict:
-    run_dir = Path(spec["run_dir"])
+@dataclasses.dataclass
+class Progress:
+    """What a checkpoint saves besides the weights and the optimiser."""
+
+    step: int = 0
+    seen: int = 0
+    elapsed: float = 0.0
+    log: list[dict] = dataclasses.field(default_factory=list)
+    best: dict | None = None
+    last_eval: dict | None = None
+    resumed_from: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Run:
+    """A training run in progress."""
+
+    spec: RunSpec
+    task: Task
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    sched: Any
+    device: torch.device
+    size: dict
+    identity: str
+    state: Progress
+    started: float = 0.0
+    recent: list[float] = dataclasses.field(default_factory=list)  # train losses since the last log row
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.spec.run_dir)
+
+
+def start(spec: RunSpec) -> Run:
+    """Build the task, model and optimiser; resume from the run's checkpoint when it was
+    written with these settings, else start from the seed."""
+    run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tcfg = spec["train"]
-    if tcfg["threads"]:
-        torch.set_num_threads(tcfg["threads"])
-    force_reference(tcfg["reference_mixers"])
-    device = resolve_device(tcfg["device"])
+    train = spec.train
+    if train.threads:
+        torch.set_num_threads(train.threads)
+    force_reference(train.reference_mixers)
+    device = resolve_device(train.device)
     task = make_task(spec)  # checks every data file against its manifest first
     model, size = build_for_spec(spec, task)
     model.to(device)
-    opt = make_optimizer(model, tcfg)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(tcfg))
-    identity = spec_hash(spec)
-    state = {"step": 0, "log": [], "best": None, "elapsed": 0.0, "resumed_from": [], "seen": 0}
+    opt = make_optimizer(model, train)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train))
+    run = Run(spec, task, model, opt, sched, device, size, spec_hash(spec), Progress())
+    resume_or_init(run)
+    write_json(run_dir / "config.json", {**spec.model_dump(mode="json"), "resolved_size": size,
+                                         "spec_hash": run.identity})
+    run.started = time.time() - run.state.elapsed
+    return run
 
-    ckpt_path = run_dir / CHECKPOINT
+
+def resume_or_init(run: Run) -> None:
+    ckpt_path = run.run_dir / CHECKPOINT
     if ckpt_path.exists():
         ckpt = checkpoint.load(ckpt_path)
-        if ckpt["spec_hash"] == identity:
-            model.load_state_dict(ckpt["model"])
-            opt.load_state_dict(ckpt["optimizer"])
-            sched.load_state_dict(ckpt["scheduler"])
+        if ckpt["spec_hash"] == run.identity:
+            run.model.load_state_dict(ckpt["model"])
+            run.opt.load_state_dict(ckpt["optimizer"])
+            run.sched.load_state_dict(ckpt["scheduler"])
             checkpoint.set_rng_state(ckpt["rng"])
-            state = ckpt["state"]
-            state["resumed_from"].append(state["step"])
-            print(f"resuming {run_dir} from step {state['step']}", file=sys.stderr)
-        else:
-            print(f"ignoring {ckpt_path}: written with other settings", file=sys.stderr)
-    else:
-        torch.manual_seed(spec["seed"] + 1)  # dropout stream, independent of init
+            run.state = Progress(**ckpt["state"])
+            run.state.resumed_from.append(run.state.step)
+            print(f"resuming {run.run_dir} from step {run.state.step}", file=sys.stderr)
+            return
+        print(f"ignoring {ckpt_path}: written with other settings", file=sys.stderr)
+        return
+    torch.manual_seed(run.spec.seed + 1)  # dropout stream, independent of init
 
-    write_json(run_dir / "config.json", {**spec, "resolved_size": size, "spec_hash": identity})
-    eval_split, _ = eval_splits(task)
-    started = time.time() - state["elapsed"]
-    status, diverged_at = "ok", None
-    bar = tqdm(total=tcfg["steps"], initial=state["step"], desc=f"{spec['task']}/{spec['arch']}/seed{spec['seed']}",
-               disable=not progress, mininterval=2.0, file=sys.stderr)
-    recent = []
-    while state["step"] < tcfg["steps"]:
-        model.train()
-        batch = task.train_batch(state["step"], tcfg["batch_size"], device)
-        with _autocast(device, tcfg["precision"]):
-            loss = task.loss(model, batch)
-        if not torch.isfinite(loss):
-            status, diverged_at = "diverged", state["step"]
-            print(f"loss is {loss.item()} at step {state['step']}: recording the run as diverged", file=sys.stderr)
+
+def train_step(run: Run) -> tuple[float, float] | None:
+    """One optimiser step; (loss, grad norm), or None when the loss is not finite."""
+    run.model.train()
+    batch = run.task.train_batch(run.state.step, run.spec.train.batch_size, run.device)
+    with autocast(run.device, run.spec.train.precision):
+        loss = run.task.loss(run.model, batch)
+    if not torch.isfinite(loss):
+        print(f"loss is {loss.item()} at step {run.state.step}: recording the run as diverged", file=sys.stderr)
+        return None
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.spec.train.grad_clip or float("inf"))
+    run.opt.step()
+    run.sched.step()
+    run.state.step += 1
+    run.state.seen += run.task.progress(batch)
+    return loss.item(), float(grad_norm)
+
+
+def log_row(run: Run, phase: str, loss: float, metric=None, value=None, lr=None, grad_norm=None) -> None:
+    run.state.log.append({"step": run.state.step, "phase": phase, "loss": loss, "metric": metric,
+                          "metric_value": value, "lr": lr, "grad_norm": grad_norm, "seen": run.state.seen,
+                          "elapsed_s": round(time.time() - run.started, 3)})
+
+
+def evaluate_now(run: Run) -> None:
+    """Periodic evaluation on the task's eval split; keeps the best and the last."""
+    task, train = run.task, run.spec.train
+    run.model.eval()
+    ev = task.evaluate(run.model, task.eval_split, train.batch_size, run.device, max_batches=train.eval_batches)
+    log_row(run, "eval", ev["loss"], task.metric, ev[task.metric])
+    better = (lambda a, b: a > b) if task.higher_is_better else (lambda a, b: a < b)
+    best = run.state.best
+    if best is None or better(ev[task.metric], best[task.metric]):
+        run.state.best = {**ev, "step": run.state.step}
+    run.state.last_eval = {**ev, "step": run.state.step}
+
+
+def save_checkpoint(run: Run) -> None:
+    run.state.elapsed = time.time() - run.started
+    checkpoint.save_atomic({
+        "spec_hash": run.identity, "model": run.model.state_dict(), "optimizer": run.opt.state_dict(),
+        "scheduler": run.sched.state_dict(), "rng": checkpoint.rng_state(),
+        "state": dataclasses.asdict(run.state),
+    }, run.run_dir / CHECKPOINT)
+
+
+def train(spec: RunSpec, progress: bool = True) -> dict:
+    run = start(spec)
+    train_cfg = spec.train
+    bar = tqdm(total=train_cfg.steps, initial=run.state.step, desc=spec.label, disable=not progress,
+               mininterval=2.0, file=sys.stderr)
+    diverged_at = None
+    while run.state.step < train_cfg.steps:
+        out = train_step(run)
+        if out is None:
+            diverged_at = run.state.step
             break
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg["grad_clip"] or float("inf"))
-        opt.step()
-        sched.step()
-        state["step"] += 1
-        state["seen"] += int(batch[0].numel()) if spec["task"] != "snli" else len(batch[-1])
-        recent = (recent + [loss.item()])[-tcfg["log_every"]:]
-        step = state["step"]
+        loss, grad_norm = out
+        run.recent = (run.recent + [loss])[-train_cfg.log_every:]
+        step = run.state.step
         bar.update(1)
-        if step % tcfg["log_every"] == 0 or step == tcfg["steps"]:
-            state["log"].append(_row(step, "train", sum(recent) / len(recent), None, None,
-                                     sched.get_last_lr()[0], float(grad_norm), state["seen"], time.time() - started))
-            bar.set_postfix(loss=f"{state['log'][-1]['loss']:.3f}")
-        if step % tcfg["eval_every"] == 0 or step == tcfg["steps"]:
-            model.eval()
-            ev = task.evaluate(model, eval_split, tcfg["batch_size"], device, max_batches=tcfg["eval_batches"])
-            state["log"].append(_row(step, "eval", ev["loss"], task.metric, ev[task.metric], None, None,
-                                     state["seen"], time.time() - started))
-            best = state["best"]
-            if best is None or (ev[task.metric] > best[task.metric] if task.higher_is_better
-                                else ev[task.metric] < best[task.metric]):
-                state["best"] = {**ev, "step": step}
-            state["last_eval"] = {**ev, "step": step}
-        if step % tcfg["checkpoint_every"] == 0 and step < tcfg["steps"]:
-            state["elapsed"] = time.time() - started
-            checkpoint.save_atomic({
-                "spec_hash": identity, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(), "rng": checkpoint.rng_state(), "state": state,
-            }, ckpt_path)
+        if step % train_cfg.log_every == 0 or step == train_cfg.steps:
+            log_row(run, "train", sum(run.recent) / len(run.recent), lr=run.sched.get_last_lr()[0], grad_norm=grad_norm)
+            bar.set_postfix(loss=f"{run.state.log[-1]['loss']:.3f}")
+        if step % train_cfg.eval_every == 0 or step == train_cfg.steps:
+            evaluate_now(run)
+        if step % train_cfg.checkpoint_every == 0 and step < train_cfg.steps:
+            save_checkpoint(run)
     bar.close()
+    return finish(run, "ok" if diverged_at is None else "diverged", diverged_at)
 
-    wall = time.time() - started
-    checkpoint.save_atomic({"model": model.state_dict(), "size": size}, run_dir / "model.pt")
-    write_log(run_dir / "log.csv", state["log"])
+
+def finish(run: Run, status: str, diverged_at: int | None) -> dict:
+    """Write the run's results (model, log, provenance, metrics) and drop its checkpoint."""
+    spec, task, state = run.spec, run.task, run.state
+    wall = time.time() - run.started
+    checkpoint.save_atomic({"model": run.model.state_dict(), "size": run.size}, run.run_dir / "model.pt")
+    write_csv(run.run_dir / "log.csv", state.log, LOG_FIELDS)
     metrics = {
-        "status": status,
-        "profile": spec["profile"],
-        "task": spec["task"],
-        "arch": spec["arch"],
-        "seed": spec["seed"],
-        **size,
-        "metric": task.metric,
-        "higher_is_better": task.higher_is_better,
-        "steps_planned": tcfg["steps"],
-        "steps_completed": state["step"],
-        "diverged_at_step": diverged_at,
-        "seen": state["seen"],
-        "seen_unit": "sentence pairs" if spec["task"] == "snli" else "tokens",
-        "eval_split": eval_split,
-        "eval_batches": tcfg["eval_batches"],
-        "last_eval": state.get("last_eval"),
-        "best_eval": state["best"],
-        "train_loss_last": state["log"][-1]["loss"] if state["log"] else None,
-        "wall_time_s": wall,
-        "resumed_from_steps": state["resumed_from"],
-        "device": device.type,
+        "status": status, "profile": spec.profile, "task": spec.task, "kind": spec.kind, "group": spec.group,
+        "axes": spec.axes, "arch": spec.arch, "seed": spec.seed, **run.size,
+        "metric": task.metric, "higher_is_better": task.higher_is_better,
+        "steps_planned": spec.train.steps, "steps_completed": state.step, "diverged_at_step": diverged_at,
+        "seen": state.seen, "seen_unit": task.progress_unit, "scored_unit": task.scored_unit,
+        "train_split": task.train_split, "eval_split": task.eval_split, "test_split": task.test_split,
+        "eval_batches": spec.train.eval_batches, "last_eval": state.last_eval, "best_eval": state.best,
+        "train_loss_last": state.log[-1]["loss"] if state.log else None,
+        "wall_time_s": wall, "resumed_from_steps": state.resumed_from, "device": run.device.type,
         "data": task.data_record(),
     }
-    write_json(run_dir / "provenance.json", provenance(device, seed=spec["seed"], wall_time_s=wall))
-    write_json(run_dir / "metrics.json", metrics)
+    write_json(run.run_dir / "provenance.json", provenance(run.device, seed=spec.seed, wall_time_s=wall))
+    write_json(run.run_dir / "metrics.json", metrics)
+    ckpt_path = run.run_dir / CHECKPOINT
     if ckpt_path.exists():
         ckpt_path.unlink()  # the run is complete; model.pt holds the result
     return metrics
-
-
-def _row(step, phase, loss, metric, value, lr, grad_norm, seen, elapsed) -> dict:
-    return {"step": step, "phase": phase, "loss": loss, "metric": metric, "metric_value": value,
-            "lr": lr, "grad_norm": grad_norm, "seen": seen, "elapsed_s": round(elapsed, 3)}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from seqmix.config import REPO_ROOT
+from seqmix import REPO_ROOT
 
 PACKAGES = ("torch", "triton", "numpy", "datasets", "tokenizers", "snakemake", "seqmix")
 

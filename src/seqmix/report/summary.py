@@ -1,0 +1,46 @@
+"""Summary statistics of the runs, for the notebooks: per (task, architecture), the mean
+and 95% t-interval across seeds of the final metric. One implementation, tested, that
+every table and figure uses."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+
+def mean_ci(values, confidence: float = 0.95) -> tuple[float, float, int]:
+    """Mean and half-width of the t confidence interval across seeds (NaN half-width for n<2)."""
+    from scipy import stats
+
+    v = np.asarray([x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))], float)
+    n = len(v)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    if n == 1:
+        return float(v[0]), float("nan"), 1
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * v.std(ddof=1) / math.sqrt(n)
+    return float(v.mean()), float(half), n
+
+
+SUMMARY_COLUMNS = ["task", "kind", "group", "arch", "seeds", "ok", "diverged", "params", "d_model", "n_layers",
+                   "metric", "higher_is_better", "eval_mean", "eval_ci", "test_mean", "test_ci",
+                   "eval_split", "test_split"]
+
+
+def summarise(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (task, arch): seeds run and finished, size, and mean ± 95% CI of the
+    eval and test metric over the finished seeds (NaN when none finished)."""
+    rows = []
+    for (task, arch), g in runs.groupby(["task", "arch"], sort=False):
+        ok = g[g.status == "ok"]
+        ev, ev_half, n = mean_ci(ok.eval_value)
+        te, te_half, _ = mean_ci(ok.test_value)
+        first = g.iloc[0]
+        rows.append(dict(task=task, kind=first.kind, group=first.group, arch=arch, seeds=len(g), ok=n,
+                         diverged=int((g.status == "diverged").sum()), params=int(first.params),
+                         d_model=int(first.d_model), n_layers=int(first.n_layers), metric=first.metric,
+                         higher_is_better=bool(first.higher_is_better), eval_mean=ev, eval_ci=ev_half,
+                         test_mean=te, test_ci=te_half, eval_split=first.eval_split, test_split=first.test_split))
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)

@@ -1,0 +1,215 @@
+"""The sections of a study configuration as typed, frozen pydantic models: what every key
+means, its type, its bounds and its default, in one place.
+
+A task kind's own settings are a ``TaskSettings`` subclass on its Task class (seqmix/tasks/),
+a mixer's options the ``Options`` dataclass of its module (seqmix/mixers/); seqmix.config
+puts them together and validates a config file against the whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
+
+from seqmix import catalogue
+
+MIRROR_ENV = "SEQMIX_DATA_MIRROR"
+
+ArchName = Literal[tuple(catalogue.mixer_names())]  # type: ignore[valid-type]
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, values are immutable once validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ------------------------------------------------------------------------------------------
+# What one training run is made of: model, training schedule, data source, tokenizer.
+# ------------------------------------------------------------------------------------------
+
+
+class Budget(Section):
+    """Match every architecture's parameter count to a budget by solving for width or depth."""
+
+    params: int | None = Field(None, ge=1, description="target total parameters; null = use d_model/n_layers as given")
+    solve: Literal["width", "depth"] = "width"
+    width_step: int = Field(16, ge=1, description="d_model candidates are multiples of this")
+    max_width: int = Field(1024, ge=1)
+    max_depth: int = Field(48, ge=1)
+
+
+class ModelSpec(Section):
+    d_model: int = Field(256, ge=1)
+    n_layers: int = Field(6, ge=1)
+    d_ff_mult: float = Field(4.0, ge=0, description="feed-forward width as a multiple of d_model; 0 = no feed-forward (zoology MQAR)")
+    dropout: float = Field(0.1, ge=0, le=1)
+    norm: Literal["post", "pre"] = Field("post", description="post-LN is the Grassmann paper's block for both models")
+    tie_embeddings: bool = True
+    budget: Budget = Budget()
+
+
+class TrainSpec(Section):
+    steps: int = Field(1000, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(1.0e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = Field(100, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to lr * min_lr_ratio")
+    grad_clip: float = Field(1.0, ge=0, description="0 disables clipping")
+    eval_every: int = Field(200, ge=1)
+    eval_batches: int = Field(20, ge=1, description="batches of the eval split used for periodic evaluation")
+    log_every: int = Field(10, ge=1)
+    checkpoint_every: int = Field(200, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast; use fp32 on CPU")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads per job; null = torch's default")
+    reference_mixers: bool = Field(False, description="force the plain PyTorch mixers even where a Triton kernel exists")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, v):
+        if not all(0 <= b <= 1 for b in v):
+            raise ValueError("both betas must lie in [0, 1]")
+        return v
+
+
+class DataSpec(Section):
+    dir: str = Field("data", description="where prepared data is written")
+    mirror: str | None = Field(None, description=f"local directory with the raw files (layout of shared/data); {MIRROR_ENV} is used when this is null")
+    source: Literal["auto", "hub", "mirror"] = Field("auto", description="auto means the mirror when one is set, else the Hugging Face hub")
+
+
+class TokenizerSpec(Section):
+    kind: Literal["auto", "pretrained", "trained"] = Field("auto", description="auto = bert-base-uncased from the hub when the data come from the hub, else WordPiece trained on the WikiText-2 training split")
+    pretrained_name: str = "bert-base-uncased"
+    vocab_size: int = Field(30522, ge=128)
+    train_split: Literal["train", "validation", "test"] = "train"
+
+
+class TaskSettings(Section):
+    """Base of every task kind's own settings (``Task.Settings``)."""
+
+
+class TaskCommon(Section):
+    """What every task section has besides its kind's settings."""
+
+    model: ModelSpec = ModelSpec()
+    train: TrainSpec = TrainSpec()
+    seeds: list[int] | None = Field(None, description="this task's seeds; null = the study's")
+    architectures: list[ArchName] | None = Field(None, description="this task's architectures; null = the study's")  # type: ignore[valid-type]
+    sweep: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="grid of model./train. settings, e.g. {model.d_model: [32, 64], train.lr: [1e-3, 3e-3]}: one task per point, named <task>/<point>",
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Analyses and report.
+# ------------------------------------------------------------------------------------------
+
+
+class ComplexitySpec(Section):
+    lengths: list[int] = Field([64, 128, 256, 512, 1024], min_length=2)
+    d_model: int = Field(64, ge=1)
+    batch_size: int = Field(1, ge=1)
+    repeats: int = Field(5, ge=1)
+    warmup: int = Field(1, ge=0)
+    max_seconds: float = Field(5.0, gt=0, description="stop growing L for a mixer once one call takes longer than this")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    architectures: Literal["all"] | list[ArchName] | None = Field(  # type: ignore[valid-type]
+        None, description="mixers to time: null = the study's architectures, all = every catalogued mixer, or a list")
+    fit_longest: int = Field(3, ge=3, description="fit the log-log exponent over this many of the longest lengths measured")
+
+
+class SparsitySpec(Section):
+    tasks: list[str] | None = Field(None, description="tasks whose runs are measured (a swept task: all its points, or name one point); null = the study's first language-model task")
+    fallback_task: str | None = Field("auto", description="architectures with no run on tasks (non-causal-only mixers) are measured on their runs of this task; auto = the first task that has them; null = left out")
+    crop_len: int = Field(32, ge=2, description="held-out inputs of encoder (non-causal) tasks with at least this many tokens, cropped to it (no padding in the rows)")
+    split: Literal["validation", "test"] = "validation"
+    num_sequences: int = Field(8, ge=1)
+    seed: int = Field(0, ge=0)
+    min_row_len: int = Field(16, ge=1, description="keep only rows with at least this many visible keys (short causal rows are trivially concentrated)")
+    jacobian_sequences: int = Field(2, ge=0, description="sequences (of num_sequences) for the Jacobian effective attention; L·d backward rows each; 0 = skip")
+    jacobian_chunk: int = Field(512, ge=1, description="Jacobian rows per batched backward pass (memory vs speed)")
+    jacobian_positions: int | None = Field(None, ge=1, description="query positions per sequence whose Jacobian rows are computed, spread evenly; null = every kept position")
+
+
+class SparsityAnalyticSpec(Section):
+    """Grids of the closed-form curves (analysis/su.py)."""
+
+    beta_range: tuple[float, float] = Field((-3.0, 3.0), description="β = q·μ grid ends")
+    beta_points: int = Field(25, ge=1)
+    gamma_range: tuple[float, float] = Field((0.05, 3.0), description="γ = σ‖q‖ grid ends (query norm × key spread)")
+    gamma_points: int = Field(60, ge=1)
+    lengths: list[int] = Field([4, 16, 64, 256, 1024, 4096, 16384, 65536], min_length=1, description="n for the decay form")
+    lambdas: list[float] = Field([0.5, 0.9, 0.99, 0.999, 1.0], min_length=1)
+    feature_dim: int = Field(16, ge=1, description="d of the elu+1 feature map")
+    mc_points: list[tuple[float, float]] = Field([(0.0, 0.5), (0.0, 1.0), (-1.0, 0.7)], description="(β, γ) points of the finite-n Monte Carlo curves")
+    mc_lengths: list[int] = Field([4, 16, 64, 256, 1024, 4096], min_length=1)
+    mc_rows: int = Field(200, ge=2, description="sampled rows per Monte Carlo point")
+    seed: int = Field(0, ge=0)
+
+
+class GeometrySpec(Section):
+    """Grassmann Plücker/plane geometry and TSSA compression term of trained runs."""
+
+    task: str | None = Field(None, description="task whose runs are measured; null = the study's first language-model task")
+    split: Literal["validation", "test"] = "validation"
+    num_sequences: int = Field(8, ge=1)
+    max_quadruples: int | None = Field(2000, ge=1, description="Plücker relations checked per vector (i<j<k<l sampled); null = all C(r,4)")
+    tssa_eps: float = Field(0.5, gt=0, description="coding precision ε of the compression term")
+    seed: int = Field(0, ge=0)
+
+
+class AnalysisSpec(Section):
+    complexity: ComplexitySpec = ComplexitySpec()
+    sparsity: SparsitySpec = SparsitySpec()
+    sparsity_analytic: SparsityAnalyticSpec = SparsityAnalyticSpec()
+    geometry: GeometrySpec = GeometrySpec()
+
+
+class ReportSpec(Section):
+    title: str = "Is softmax attention what sequence models need?"
+
+
+class StudyFile(Section):
+    """The shape of a config file; task sections and mixer options are checked per entry
+    (their models depend on the entry's kind or mixer)."""
+
+    profile: str = Field("quick", description="name of this study, written into every result")
+    results_dir: str = "results"
+    data: DataSpec = DataSpec()
+    tokenizer: TokenizerSpec = TokenizerSpec()
+    architectures: list[ArchName] = Field(min_length=1)  # type: ignore[valid-type]
+    seeds: list[int] = Field(min_length=1)
+    tasks: dict[str, dict[str, Any]] = Field(min_length=1, description="task name (<kind> or <kind>/<variant>) -> its section")
+    mixers: dict[ArchName, dict[str, Any]] = Field(default_factory=dict, description="per-architecture options, e.g. {grassmann: {rank: 32}}")  # type: ignore[valid-type]
+    analysis: AnalysisSpec = AnalysisSpec()
+    report: ReportSpec = ReportSpec()
+
+    @field_validator("architectures", "seeds")
+    @classmethod
+    def _unique(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError("entries must be unique")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _non_negative(cls, v):
+        if any(s < 0 for s in v):
+            raise ValueError("seeds must be >= 0")
+        return v
+
+
+class Study(StudyFile):
+    """A validated study: task sections typed by kind, mixer options complete (defaults
+    filled from each mixer's Options)."""
+
+    tasks: dict[str, SerializeAsAny[TaskCommon]]  # type: ignore[assignment]
+    mixers: dict[ArchName, dict[str, Any]] = Field(default_factory=dict)  # type: ignore[valid-type]
+
+

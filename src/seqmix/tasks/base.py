@@ -1,0 +1,108 @@
+"""The Task interface: everything that differs between tasks lives in a Task subclass, so
+that the config, the rules, the training loop, the analyses, ``collect`` and the notebooks
+never branch on a task's name.
+
+A task kind is one module in this package (or any importable one) with a ``Task``
+subclass, plus one line in ``seqmix/catalogue.py``. It declares:
+
+- ``Settings``: its config section's own keys (a ``TaskSettings`` model with defaults);
+- ``is_language_model``: True if it trains a causal LM (then only mixers with a causal
+  form run on it), False for an encoder (mixers are built non-causal where they can be);
+- ``needs_tokenizer``: whether its data preparation reads the shared tokenizer;
+- ``metric``/``higher_is_better``: its primary evaluation metric;
+- ``progress_unit``: what the ``seen`` count of training measures (tokens, examples);
+- ``scored_unit``: what an evaluation counts as scored (tokens, queries, examples).
+
+and implements data preparation (``prepare``, a classmethod: no run exists yet), the model a
+run trains (``build_model``), its batches (a pure function of the step, so a resumed run
+draws the batches of an uninterrupted one), its loss, its evaluation, and the held-out
+inputs the analyses read (``heldout_inputs``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from seqmix.data.manifest import read_manifest
+from seqmix.sections import TaskSettings
+from seqmix.spec import DataJob, RunSpec
+
+
+def batch_generator(seed: int, step: int) -> torch.Generator:
+    # One generator per (seed, step): batches do not depend on what ran before, so a run
+    # resumed from a checkpoint draws exactly the batches of an uninterrupted one.
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+class Task:
+    kind: ClassVar[str]
+    Settings: ClassVar[type[TaskSettings]] = TaskSettings
+    is_language_model: ClassVar[bool]
+    needs_tokenizer: ClassVar[bool] = False
+    metric: ClassVar[str]
+    higher_is_better: ClassVar[bool]
+    progress_unit: ClassVar[str]
+    scored_unit: ClassVar[str]
+
+    # -- data (before any run) --------------------------------------------------------------
+
+    @classmethod
+    def prepare(cls, job: DataJob) -> dict[str, Any]:
+        """Write the task's prepared files and their manifest into ``job.out_dir``;
+        return the manifest's information."""
+        raise NotImplementedError
+
+    # -- one run ----------------------------------------------------------------------------
+
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+        self.settings = self.Settings.model_validate(spec.settings)
+        self.data_dir = Path(spec.data_dir)
+        self.manifest = read_manifest(self.data_dir, spec.task)  # every file checked first
+
+    @property
+    def eval_split(self) -> str:
+        """The split of periodic evaluation (model selection)."""
+        return "validation"
+
+    @property
+    def test_split(self) -> str:
+        """The split of the final test score."""
+        return "test"
+
+    @property
+    def train_split(self) -> str:
+        return "train"
+
+    def data_record(self) -> dict:
+        """What the run was trained and evaluated on, as the manifest describes it."""
+        m = self.manifest
+        return {"dataset": m["dataset"], "source": m["source"], "splits": m["splits"],
+                "tokenizer": m.get("tokenizer")}
+
+    def build_model(self, d_model: int, n_layers: int) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def train_batch(self, step: int, batch_size: int, device) -> tuple:
+        raise NotImplementedError
+
+    def loss(self, model: torch.nn.Module, batch: tuple) -> torch.Tensor:
+        raise NotImplementedError
+
+    def progress(self, batch: tuple) -> int:
+        """How many ``progress_unit`` a training batch holds."""
+        raise NotImplementedError
+
+    def evaluate(self, model, split: str, batch_size: int, device, max_batches: int | None = None) -> dict:
+        """{"loss", <metric>, "scored" (in scored_unit), "split_size" (scored units of the
+        whole split)}, on the whole split or its first ``max_batches`` batches."""
+        raise NotImplementedError
+
+    def heldout_inputs(self, split: str, num: int, crop_len: int) -> tuple[torch.Tensor, ...]:
+        """The model's arguments for ``num`` held-out inputs of ``split`` (the analyses read
+        them): every row a real input of one length, with no padding; encoder tasks crop
+        to ``crop_len`` tokens."""
+        raise NotImplementedError

@@ -1,0 +1,100 @@
+"""Multi-query associative recall (MQAR; Arora et al. 2024, Zoology, arXiv:2312.04927):
+key-value pairs, then the keys again; the model must predict each key's value. Scored by
+accuracy at the query positions only."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+
+from seqmix.data.mqar import prepare_mqar
+from seqmix.sections import TaskSettings
+from seqmix.spec import DataJob
+from seqmix.tasks.base import Task, batch_generator
+from seqmix.tasks.lm import causal_lm
+
+
+class MQARSettings(TaskSettings):
+    vocab_size: int = Field(8192, ge=8)
+    seq_len: int = Field(64, ge=4)
+    num_kv_pairs: int = Field(4, ge=1)
+    num_train: int = Field(100000, ge=1)
+    num_test: int = Field(3000, ge=1)
+    power_a: float = Field(0.01, gt=0)
+    random_non_queries: bool = False
+    data_seed: int = Field(1234, ge=0)
+
+    @model_validator(mode="after")
+    def _generator_can_build_it(self):
+        # The generator's own constraints (Zoology's multiquery_ar asserts the same).
+        if self.seq_len % 2:
+            raise ValueError(f"seq_len must be even, got {self.seq_len}")
+        if self.vocab_size <= self.seq_len:
+            raise ValueError(f"vocab_size ({self.vocab_size}) must exceed seq_len ({self.seq_len})")
+        if self.num_kv_pairs * 4 > self.seq_len:
+            raise ValueError(f"num_kv_pairs * 4 ({self.num_kv_pairs * 4}) must be <= seq_len ({self.seq_len}): "
+                             "the context and one query per key must fit")
+        if self.num_kv_pairs > self.vocab_size // 2 - 1:
+            raise ValueError(f"num_kv_pairs ({self.num_kv_pairs}) must be <= vocab_size/2 - 1 (distinct keys)")
+        return self
+
+
+class MQAR(Task):
+    kind = "mqar"
+    Settings = MQARSettings
+    is_language_model = True
+    needs_tokenizer = False
+    metric = "accuracy"
+    higher_is_better = True
+    progress_unit = "tokens"
+    scored_unit = "queries"
+
+    @classmethod
+    def prepare(cls, job: DataJob) -> dict:
+        s = cls.Settings.model_validate(job.settings)
+        return prepare_mqar(s.vocab_size, s.seq_len, s.num_kv_pairs, s.num_train, s.num_test, s.power_a,
+                            s.random_non_queries, s.data_seed, job.out_dir)
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.arrays: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if split not in self.arrays:
+            z = np.load(self.data_dir / f"{split}.npz")
+            self.arrays[split] = (torch.from_numpy(z["inputs"]), torch.from_numpy(z["labels"]))
+        return self.arrays[split]
+
+    def build_model(self, d_model, n_layers):
+        return causal_lm(self.spec, self.settings.vocab_size, self.settings.seq_len, d_model, n_layers)
+
+    def train_batch(self, step, batch_size, device):
+        inputs, labels = self.split("train")
+        idx = torch.randint(0, len(inputs), (batch_size,), generator=batch_generator(self.spec.seed, step))
+        return inputs[idx].to(device), labels[idx].to(device)
+
+    def loss(self, model, batch):
+        return model.loss(*batch)
+
+    def progress(self, batch):
+        return int(batch[0].numel())
+
+    @torch.no_grad()
+    def evaluate(self, model, split, batch_size, device, max_batches=None):
+        inputs, labels = self.split(split)
+        n = len(inputs) if max_batches is None else min(len(inputs), max_batches * batch_size)
+        total, correct, count = 0.0, 0, 0
+        for i in range(0, n, batch_size):
+            x, y = inputs[i : min(i + batch_size, n)].to(device), labels[i : min(i + batch_size, n)].to(device)
+            logits = model(x).float()
+            mask = y != -100
+            total += F.cross_entropy(logits[mask], y[mask], reduction="sum").item()
+            correct += (logits[mask].argmax(-1) == y[mask]).sum().item()
+            count += int(mask.sum())
+        return {"loss": total / count, "accuracy": correct / count, "scored": count,
+                "split_size": int((labels != -100).sum())}
+
+    def heldout_inputs(self, split, num, crop_len):
+        return (self.split(split)[0][:num],)

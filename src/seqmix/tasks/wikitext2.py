@@ -1,0 +1,120 @@
+"""WikiText-2 causal language modelling (Merity et al. 2016, arXiv:1609.07843): contiguous
+blocks of the tokenised raw text, scored by perplexity on held-out splits."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+
+from seqmix.data.wikitext import prepare_wikitext2
+from seqmix.sections import TaskSettings
+from seqmix.spec import DataJob
+from seqmix.tasks.base import Task, batch_generator
+from seqmix.tasks.lm import causal_lm
+
+Split = Literal["train", "validation", "test"]
+
+
+class WikiText2Settings(TaskSettings):
+    train_split: Split = "train"
+    eval_split: Split = "validation"
+    test_split: Split = "test"
+    block_size: int = Field(128, ge=2)
+    eval_max_tokens: int | None = Field(None, ge=1, description="cap on tokens scored by the final evaluation of each split; null = the whole split")
+
+    @model_validator(mode="after")
+    def _held_out(self):
+        if self.train_split == self.eval_split:
+            raise ValueError(f"eval_split equals train_split ({self.train_split!r}); evaluate on a split the model did not train on")
+        return self
+
+
+class WikiText2(Task):
+    kind = "wikitext2"
+    Settings = WikiText2Settings
+    is_language_model = True
+    needs_tokenizer = True
+    metric = "ppl"
+    higher_is_better = False
+    progress_unit = "tokens"
+    scored_unit = "tokens"
+
+    @classmethod
+    def prepare(cls, job: DataJob) -> dict:
+        return prepare_wikitext2(job.data, job.out_dir, job.tokenizer_dir)
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.block = self.settings.block_size
+        self.tokens: dict[str, np.ndarray] = {}
+        self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
+
+    @property
+    def train_split(self) -> str:
+        return self.settings.train_split
+
+    @property
+    def eval_split(self) -> str:
+        return self.settings.eval_split
+
+    @property
+    def test_split(self) -> str:
+        return self.settings.test_split
+
+    def stream(self, split: str) -> np.ndarray:
+        if split not in self.tokens:
+            self.tokens[split] = np.load(self.data_dir / f"{split}.npy", mmap_mode="r")
+        return self.tokens[split]
+
+    def build_model(self, d_model, n_layers):
+        return causal_lm(self.spec, self.vocab_size, self.block, d_model, n_layers)
+
+    def train_batch(self, step, batch_size, device):
+        data = self.stream(self.train_split)
+        g = batch_generator(self.spec.seed, step)
+        starts = torch.randint(0, len(data) - self.block - 1, (batch_size,), generator=g).numpy()
+        chunk = torch.from_numpy(np.stack([data[s : s + self.block + 1] for s in starts]).astype(np.int64))
+        return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
+
+    def loss(self, model, batch):
+        return model.loss(*batch)
+
+    def progress(self, batch):
+        return int(batch[0].numel())
+
+    def eval_blocks(self, split: str, max_tokens: int | None) -> torch.Tensor:
+        """Non-overlapping (block+1)-token windows in order, overlapping by one token so that
+        every token after the first is scored exactly once."""
+        data = self.stream(split)
+        n = (len(data) - 1) // self.block
+        if max_tokens is not None:
+            n = min(n, max(1, max_tokens // self.block))
+        idx = np.arange(n)[:, None] * self.block + np.arange(self.block + 1)[None, :]
+        return torch.from_numpy(np.asarray(data)[idx].astype(np.int64))
+
+    @torch.no_grad()
+    def evaluate(self, model, split, batch_size, device, max_batches=None):
+        if max_batches is not None:
+            max_tokens = max_batches * batch_size * self.block
+        else:
+            max_tokens = self.settings.eval_max_tokens
+        blocks = self.eval_blocks(split, max_tokens)
+        total, count = 0.0, 0
+        for i in range(0, len(blocks), batch_size):
+            chunk = blocks[i : i + batch_size].to(device)
+            logits = model(chunk[:, :-1]).float()
+            total += F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum"
+            ).item()
+            count += chunk[:, 1:].numel()
+        loss = total / count
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "scored": count,
+                "split_size": int(len(self.stream(split))) - 1}
+
+    def heldout_inputs(self, split, num, crop_len):
+        return (self.eval_blocks(split, None)[:num, :-1],)

@@ -1,0 +1,169 @@
+"""The shape of the code base: no import cycle between seqmix's modules (imports inside
+functions included), no function over 60 lines outside the kernels, and no branching on
+task or mixer names outside the modules that own them."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from seqmix import catalogue
+
+from .conftest import REPO
+
+SRC = REPO / "src" / "seqmix"
+MAX_FUNCTION_LINES = 60
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """seqmix modules ``name`` imports anywhere in its file (functions included), except
+    under ``if TYPE_CHECKING:``; ``from pkg import sub`` counts as importing ``pkg.sub``."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for block in ast.walk(tree) if _type_checking_only(block) for n in ast.walk(block)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    return {m for m in out if m in known and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "split these into named steps: " + "; ".join(long)
+
+
+def _string_literals(path: Path) -> list[tuple[int, str]]:
+    """(line, value) of every string constant of a Python file or a notebook's code cells,
+    docstrings and comments excluded (prose may name what it describes)."""
+    if path.suffix == ".ipynb":
+        import json
+
+        cells = json.loads(path.read_text())["cells"]
+        sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    else:
+        sources = [path.read_text()]
+    out = []
+    for source in sources:
+        tree = ast.parse(source)
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        out += [(n.lineno, n.value) for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    return out
+
+
+def _code_files() -> list[Path]:
+    return sorted(SRC.rglob("*.py")) + sorted((REPO / "notebooks").glob("*.ipynb")) + [
+        REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]
+
+
+def _owners_of_task(kind: str) -> set[Path]:
+    """The task's own module and the data layer may name a task kind."""
+    own = SRC / "tasks" / f"{kind}.py"
+    return {own, *(SRC / "data").rglob("*.py"), SRC / "catalogue.py"}
+
+
+@pytest.mark.parametrize("kind", catalogue.task_kinds())
+def test_no_code_names_a_task_kind_outside_its_owners(kind):
+    found = []
+    for path in _code_files():
+        if path in _owners_of_task(kind):
+            continue
+        text = path.read_text()
+        if path.suffix in (".py", ".ipynb"):
+            hits = [line for line, value in _string_literals(path) if value == kind]
+        else:
+            hits = [i + 1 for i, line in enumerate(text.splitlines())
+                    if re.search(rf"""["']{re.escape(kind)}["']""", line.split("#")[0])]
+        found += [f"{path.relative_to(REPO)}:{line}" for line in hits]
+    assert not found, f"code branching on the task kind {kind!r}: {found}"
+
+
+# The Triton kernel benchmark names its ops after the kernels (kernels/<op>.py), which are
+# named after the mixers they accelerate: op names, not registry lookups.
+KERNEL_OP_NAMESPACE = SRC / "bench" / "kernels.py"
+
+
+@pytest.mark.parametrize("name", catalogue.mixer_names())
+def test_a_mixer_name_lives_in_the_catalogue_and_its_own_module(name):
+    module = catalogue.mixer_entry(name).path.partition(":")[0]
+    own = SRC.parent / (module.replace(".", "/") + ".py")
+    found = []
+    for path in _code_files():
+        if path in (own, SRC / "catalogue.py", KERNEL_OP_NAMESPACE):
+            continue
+        if path.suffix in (".py", ".ipynb"):
+            hits = [line for line, value in _string_literals(path) if value == name]
+        else:
+            hits = [i + 1 for i, line in enumerate(path.read_text().splitlines())
+                    if re.search(rf"""["']{re.escape(name)}["']""", line.split("#")[0])]
+        found += [f"{path.relative_to(REPO)}:{line}" for line in hits]
+    assert not found, f"the mixer name {name!r} appears outside the catalogue and its module: {found}"
