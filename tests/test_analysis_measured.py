@@ -243,3 +243,32 @@ def test_heldout_pairs_are_cropped_without_padding():
     assert seg[0].tolist() == [0] * 8 + [1] * 2
     with pytest.raises(ValueError, match="crop_len"):
         task.heldout_inputs("validation", num=5, crop_len=13)
+
+
+def test_row_stats_measures_only_the_scored_rows():
+    # Two rows per sequence: one uniform, one one-hot; scoring only the one-hot rows gives
+    # S = 1/sqrt(row length) exactly, scoring all rows the mean of both.
+    L = 8
+    scores = torch.ones(2, 1, L, L, dtype=torch.float64).tril()
+    scores[:, 0, 6] = 0.0
+    scores[:, 0, 6, 3] = 1.0  # row 6 is one-hot over its 7 visible keys
+    scored = torch.zeros(2, L, dtype=torch.bool)
+    scored[:, 6] = True
+    (only,) = row_stats(scores, causal=True, min_row_len=2, rows=scored)
+    assert only["rows"] == 2 and only["S_mean"] == pytest.approx(1 / math.sqrt(7))
+    (every,) = row_stats(scores, causal=True, min_row_len=2)
+    assert every["rows"] == 2 * (L - 1) and every["S_mean"] > 0.9
+
+
+def test_model_sparsity_at_scored_rows_computes_only_their_jacobians():
+    torch.manual_seed(0)
+    model = CausalLM(LMConfig(arch="softmax", vocab_size=50, max_len=12, d_model=8, n_layers=1,
+                              mixer_options=TINY["softmax"]))
+    seqs = torch.randint(0, 50, (2, 12))
+    scored = torch.zeros(2, 12, dtype=torch.bool)
+    scored[0, 9], scored[1, 4], scored[1, 11] = True, True, True
+    rows = model_sparsity(model, (seqs,), min_row_len=4, jacobian_sequences=2, chunk=64, rows=scored)
+    jac = [r for r in rows if r["kind"] == "jacobian"]
+    att = [r for r in rows if r["kind"] == "attention"]
+    assert all(r["positions"] == "scored" for r in rows)
+    assert all(r["rows"] == 3 for r in jac) and all(r["rows"] == 3 for r in att) and len(att) == 2

@@ -106,3 +106,25 @@ def test_collapsed_form_equals_the_reference_forward_and_backward(L, offsets, no
         x = torch.zeros_like(t) if x is None else x
         y = torch.zeros_like(t) if y is None else y
         torch.testing.assert_close(y, x, atol=tol * 10, rtol=tol * 10)
+
+
+def test_a_grassmann_stack_reads_exactly_its_summed_offsets_back():
+    # Reach is measured, not only stated: the output at t must change when the input at
+    # t - reach changes and must not when the input at t - reach - 1 does.
+    from seqmix.models.blocks import stack_reach
+    from seqmix.models.lm import CausalLM, LMConfig
+
+    torch.manual_seed(0)
+    model = CausalLM(LMConfig(arch="grassmann", vocab_size=30, max_len=40, d_model=16, n_layers=2,
+                              dropout=0.0, mixer_options={"rank": 4, "offsets": [1, 3]})).double().eval()
+    reach = stack_reach(model.blocks)
+    assert reach == 6
+    idx = torch.randint(0, 30, (1, 40))
+    t = 30
+    base = model(idx)[0, t]
+    for back, changes in ((reach, True), (reach + 1, False)):
+        moved = idx.clone()
+        moved[0, t - back] = (moved[0, t - back] + 1) % 30
+        assert (model(moved)[0, t] - base).abs().max().item() > 1e-9 if changes else torch.equal(model(moved)[0, t], base)
+    attention = CausalLM(LMConfig(arch="softmax", vocab_size=30, max_len=40, d_model=16, n_layers=2))
+    assert stack_reach(attention.blocks) is None

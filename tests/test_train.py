@@ -127,3 +127,36 @@ def test_zero_feed_forward_width_builds_a_mixer_only_stack():
     assert count_params(with_ffn) - count_params(without) == mlp_and_norm
     assert all(b.ffn is None for b in without.blocks)
     assert without(torch.randint(0, 100, (2, 16))).shape == (2, 16, 100)
+
+
+def test_the_head_scores_only_positions_with_a_target():
+    # MQAR scores a few query positions: the LM head (d × V) runs only there, and the loss
+    # is the cross-entropy of the full logits at those positions.
+    from seqmix.models.lm import CausalLM, LMConfig
+
+    torch.manual_seed(0)
+    model = CausalLM(LMConfig(arch="softmax", vocab_size=40, max_len=12, d_model=16, n_layers=1, dropout=0.0))
+    idx = torch.randint(0, 40, (3, 12))
+    targets = torch.full((3, 12), -100)
+    targets[0, 5], targets[1, 11], targets[2, 7] = 3, 17, 39
+    full = model(idx)
+    expected = torch.nn.functional.cross_entropy(full[targets != -100], targets[targets != -100])
+    torch.testing.assert_close(model.loss(idx, targets), expected)
+    torch.testing.assert_close(model.logits_at(idx, targets != -100), full[targets != -100])
+    dense = torch.randint(0, 40, (3, 12))  # every position scored: the plain LM loss
+    torch.testing.assert_close(model.loss(idx, dense),
+                               torch.nn.functional.cross_entropy(full.reshape(-1, 40), dense.reshape(-1)))
+
+
+def test_mqar_query_distance_points_at_the_key():
+    from seqmix.data.mqar import multiquery_ar
+    from seqmix.tasks.mqar import MQAR, MQARSettings
+
+    task = MQAR.__new__(MQAR)  # the distance logic only
+    task.settings = MQARSettings(vocab_size=64, seq_len=32, num_kv_pairs=4)
+    x, y = map(torch.from_numpy, multiquery_ar(64, 50, 32, 4, seed=3))
+    d = task.query_distance(x, y)
+    rows, cols = (y != -100).nonzero(as_tuple=True)
+    assert len(d) == 50 * 4 and bool((d >= 2).all())
+    assert torch.equal(x[rows, cols - d], x[rows, cols])  # the token d back is the queried key
+    assert bool(((cols - d) < 2 * 4).all())  # ... and it lies in the context

@@ -35,17 +35,17 @@ class TaskEntry:
 
 MIXERS: tuple[MixerEntry, ...] = (
     MixerEntry("softmax", "seqmix.mixers.softmax:SoftmaxAttention", "Softmax", True, True, "#1f77b4"),
-    MixerEntry("grassmann", "seqmix.mixers.grassmann:CausalGrassmann", "Grassmann", True, True, "#aec7e8"),
+    MixerEntry("grassmann", "seqmix.mixers.grassmann:CausalGrassmann", "Grassmann", True, True, "#d62728"),
     MixerEntry("linear", "seqmix.mixers.linear:LinearAttention", "Linear (elu+1)", True, True, "#ff7f0e"),
-    MixerEntry("performer", "seqmix.mixers.performer:Performer", "Performer", True, True, "#ffbb78"),
+    MixerEntry("performer", "seqmix.mixers.performer:Performer", "Performer", True, True, "#bcbd22"),
     MixerEntry("sliding_window", "seqmix.mixers.sliding_window:SlidingWindowAttention", "Sliding window", True, True, "#2ca02c"),
-    MixerEntry("bigbird", "seqmix.mixers.bigbird:BigBirdAttention", "BigBird", True, True, "#98df8a"),
-    MixerEntry("gla", "seqmix.mixers.gla:GatedLinearAttention", "GLA", True, False, "#d62728"),
-    MixerEntry("h3", "seqmix.mixers.h3:H3", "H3", True, False, "#ff9896"),
-    MixerEntry("mamba", "seqmix.mixers.mamba:Mamba", "Mamba", True, False, "#9467bd"),
-    MixerEntry("tssa", "seqmix.mixers.tssa:TokenStatisticsAttention", "ToST (TSSA)", True, True, "#c5b0d5"),
-    MixerEntry("crate", "seqmix.mixers.crate:CrateAttention", "CRATE", True, True, "#8c564b"),
-    MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#c49c94"),
+    MixerEntry("bigbird", "seqmix.mixers.bigbird:BigBirdAttention", "BigBird", True, True, "#17becf"),
+    MixerEntry("gla", "seqmix.mixers.gla:GatedLinearAttention", "GLA", True, False, "#9467bd"),
+    MixerEntry("h3", "seqmix.mixers.h3:H3", "H3", True, False, "#8c564b"),
+    MixerEntry("mamba", "seqmix.mixers.mamba:Mamba", "Mamba", True, False, "#e377c2"),
+    MixerEntry("tssa", "seqmix.mixers.tssa:TokenStatisticsAttention", "ToST (TSSA)", True, True, "#7f7f7f"),
+    MixerEntry("crate", "seqmix.mixers.crate:CrateAttention", "CRATE", True, True, "#393b79"),
+    MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#98df8a"),
 )
 
 TASKS: tuple[TaskEntry, ...] = (

@@ -69,8 +69,9 @@ def cmd_collect(args) -> int:
     from seqmix.study import run_dir, runs
 
     study = load_config(args.config)
-    n = collect([run_dir(study, r) for r in runs(study)], Path(args.out))
-    print(f"wrote {n} runs to {args.out}")
+    breakdown = Path(args.breakdown_out or Path(args.out).with_name("breakdown.csv"))
+    n = collect([run_dir(study, r) for r in runs(study)], Path(args.out), breakdown)
+    print(f"wrote {n} runs to {args.out} and their breakdowns to {breakdown}")
     return 0
 
 
@@ -236,8 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("inputs", nargs="+")
     sp.add_argument("--out", required=True)
 
-    sp = _add(sub, "collect", cmd_collect, "gather every run's metrics into one CSV")
+    sp = _add(sub, "collect", cmd_collect, "gather every run's metrics into one CSV (and breakdowns into another)")
     sp.add_argument("--out", default="results/summary/runs.csv")
+    sp.add_argument("--breakdown-out", default=None, help="default: breakdown.csv beside --out")
 
     sp = _add(sub, "schema", cmd_schema, "the JSON schema of a config file (every task kind and mixer)", config=False)
     sp.add_argument("--out", help="write it here (workflow/schemas/config.schema.json) instead of stdout")

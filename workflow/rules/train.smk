@@ -42,7 +42,8 @@ rule collect:
     input:
         all_runs("metrics.json") + all_runs("eval.json"),
     output:
-        f"{RESULTS}/summary/runs.csv",
+        runs=f"{RESULTS}/summary/runs.csv",
+        breakdown=f"{RESULTS}/summary/breakdown.csv",
     params:
         cfg=lambda w: study_config(),
     log:
@@ -50,4 +51,5 @@ rule collect:
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix collect --config {params.cfg:q} --out {output:q} > {log:q} 2>&1"
+        "python -m seqmix collect --config {params.cfg:q} --out {output.runs:q} "
+        "--breakdown-out {output.breakdown:q} > {log:q} 2>&1"

@@ -24,6 +24,9 @@ visible part (s ≤ t for causal mixers), rows with at least ``min_row_len`` vis
 
     task, arch, seed   the trained run (seed = training seed)
     kind               attention | jacobian (see above)
+    positions          all: every row with enough visible keys; scored: only the rows at the
+                       positions the task scores (MQAR: the queries, where the right answer
+                       is one key; Task.heldout_rows)
     layer              block index, 0 = closest to the embedding
     head               head index for kind=attention; -1 for kind=jacobian (whole mixer)
     rows               number of rows (query positions × sequences) averaged
@@ -45,7 +48,7 @@ import torch
 from seqmix.analysis.capture import capture_mixer_inputs
 from seqmix.sections import SparsitySpec
 
-FIELDS = ["task", "arch", "seed", "kind", "layer", "head", "rows", "min_row_len",
+FIELDS = ["task", "arch", "seed", "kind", "positions", "layer", "head", "rows", "min_row_len",
           "S_mean", "S_std", "S_median", "S_onehot_mean", "row_len_mean", "sequences", "seq_len"]
 
 
@@ -67,9 +70,10 @@ def su_sparsity(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
     return mean / mean_sq.sqrt()
 
 
-def row_stats(scores: torch.Tensor, causal: bool, min_row_len: int) -> list[dict]:
+def row_stats(scores: torch.Tensor, causal: bool, min_row_len: int, rows: torch.Tensor | None = None) -> list[dict]:
     """Per head: S of each attention row of (B, H, L, L) scores, rows of at least
-    ``min_row_len`` visible keys only (short causal rows are trivially concentrated)."""
+    ``min_row_len`` visible keys only (short causal rows are trivially concentrated), and
+    only where ``rows`` (B, L, bool) is True when it is given."""
     B, H, L, _ = scores.shape
     if causal:
         mask = torch.ones(L, L, dtype=torch.bool, device=scores.device).tril()
@@ -78,20 +82,49 @@ def row_stats(scores: torch.Tensor, causal: bool, min_row_len: int) -> list[dict
         mask = torch.ones(L, L, dtype=torch.bool, device=scores.device)
         row_len = torch.full((L,), L, device=scores.device)
     S = su_sparsity(scores.double(), mask=mask.expand_as(scores))  # (B, H, L)
-    keep = row_len >= min_row_len
+    keep = (row_len >= min_row_len).expand(B, L)
+    if rows is not None:
+        keep = keep & rows.to(scores.device)
     out = []
     for h in range(H):
-        s = S[:, h, keep].reshape(-1)
+        s = S[:, h][keep]
         # Rows not computed (NaN, e.g. Jacobian rows left out) are left out of every statistic.
         finite = torch.isfinite(s)
         s = s[finite]
-        n = row_len[keep].double().expand(B, -1).reshape(-1)[finite]
+        n = row_len.double().expand(B, L)[keep][finite]
         out.append({
             "head": h, "rows": int(s.numel()), "S_mean": s.mean().item(), "S_std": s.std().item(),
             "S_median": s.median().item(), "S_onehot_mean": (1 / n.sqrt()).mean().item(),
             "row_len_mean": n.mean().item(),
         })
     return out
+
+
+def jacobian_positions_of(rows_b: torch.Tensor | None, kept: list[int], count: int | None) -> list[int]:
+    """The query positions whose Jacobian rows are computed for one sequence: the kept ones
+    that are scored (``rows_b``), or ``count`` of them spread evenly over the sequence."""
+    if rows_b is not None:
+        scored = set(torch.nonzero(rows_b).flatten().tolist())
+        return [t for t in kept if t in scored]
+    if count is not None and count < len(kept):
+        pick = torch.linspace(0, len(kept) - 1, count).round().long().unique()
+        return [kept[i] for i in pick.tolist()]
+    return kept
+
+
+def jacobian_rows(mixer, h: torch.Tensor, rows: torch.Tensor | None, min_len: int, chunk: int,
+                  count: int | None) -> torch.Tensor:
+    """Effective attention (B, 1, L, L) of one layer on ``h``, NaN where not computed."""
+    from seqmix.analysis.jacobian import effective_attention
+
+    L = h.shape[1]
+    # Only the rows row_stats keeps: t + 1 ≥ min_len visible keys when causal.
+    kept = list(range(min_len - 1, L)) if mixer.causal else list(range(L))
+    if rows is None:
+        return effective_attention(mixer, h, positions=jacobian_positions_of(None, kept, count), chunk=chunk)[:, None]
+    return torch.cat([effective_attention(mixer, h[b : b + 1], chunk=chunk,
+                                          positions=jacobian_positions_of(rows[b], kept, None))
+                      for b in range(len(h))])[:, None]
 
 
 def model_sparsity(
@@ -101,6 +134,7 @@ def model_sparsity(
     jacobian_sequences: int = 2,
     chunk: int = 512,
     jacobian_positions: int | None = None,
+    rows: torch.Tensor | None = None,
 ) -> list[dict]:
     """Rows of sparsity.csv (without the run columns) for a model reading ``seqs``: the
     tuple of the model's arguments (token ids (N, L) first).
@@ -109,37 +143,29 @@ def model_sparsity(
     every mixer, on the first ``jacobian_sequences`` sequences (L·d vector-Jacobian
     products each; 0 skips them), at every kept query position or at
     ``jacobian_positions`` of them spread evenly over the sequence (each row exact; fewer
-    rows only trade coverage for time).
+    rows only trade coverage for time). With ``rows`` (N, L, bool), only those positions'
+    rows are measured (positions = "scored"; MQAR: the queries).
     """
-    from seqmix.analysis.jacobian import effective_attention
-
     model.eval()
     args = seqs if isinstance(seqs, tuple) else (seqs,)  # a bare (N, L) tensor of token ids too
     inputs = capture_mixer_inputs(model, lambda: model(*args))
     seq_len = args[0].shape[1]
     min_len = min(min_row_len, seq_len)
-    common = {"min_row_len": min_len, "seq_len": seq_len}
-    rows = []
+    common = {"min_row_len": min_len, "seq_len": seq_len, "positions": "all" if rows is None else "scored"}
+    out = []
     for layer, (block, h) in enumerate(zip(model.blocks, inputs)):
         mixer = block.mixer
         if type(mixer).has_scores:
             with torch.no_grad():
                 scores = mixer.scores(h)
-            for r in row_stats(scores, mixer.causal, min_len):
-                rows.append({**common, "kind": "attention", "layer": layer, "sequences": len(h), **r})
+            for r in row_stats(scores, mixer.causal, min_len, rows):
+                out.append({**common, "kind": "attention", "layer": layer, "sequences": len(h), **r})
         if jacobian_sequences > 0:
-            h_jac = h[:jacobian_sequences]
-            L = h_jac.shape[1]
-            # Only the rows row_stats keeps: t + 1 ≥ min_len visible keys when causal.
-            kept = list(range(min_len - 1, L)) if mixer.causal else list(range(L))
-            if jacobian_positions is not None and jacobian_positions < len(kept):
-                pick = torch.linspace(0, len(kept) - 1, jacobian_positions).round().long().unique()
-                kept = [kept[i] for i in pick.tolist()]
-            eff = effective_attention(mixer, h_jac, positions=kept, chunk=chunk)[:, None]  # (B, 1, L, L)
-            for r in row_stats(eff, mixer.causal, min_len):
-                rows.append({**common, "kind": "jacobian", "layer": layer, "sequences": len(h_jac),
-                             **r, "head": -1})
-    return rows
+            sub = None if rows is None else rows[:jacobian_sequences]
+            eff = jacobian_rows(mixer, h[:jacobian_sequences], sub, min_len, chunk, jacobian_positions)
+            for r in row_stats(eff, mixer.causal, min_len, sub):
+                out.append({**common, "kind": "jacobian", "layer": layer, "sequences": len(eff), **r, "head": -1})
+    return out
 
 
 def measured_sparsity(run_dir: str | Path, spec: SparsitySpec) -> list[dict]:
@@ -149,9 +175,10 @@ def measured_sparsity(run_dir: str | Path, spec: SparsitySpec) -> list[dict]:
 
     model, task, run = load_run(run_dir)
     seqs = task.heldout_inputs(spec.split, spec.num_sequences, spec.crop_len)
+    scored = task.heldout_rows(spec.split, spec.num_sequences)
     ids = {"task": run.task, "arch": run.arch, "seed": run.seed}
     rows = model_sparsity(model, seqs, spec.min_row_len, spec.jacobian_sequences, spec.jacobian_chunk,
-                          spec.jacobian_positions)
+                          spec.jacobian_positions, rows=scored)
     return [{**ids, **r} for r in rows]
 
 

@@ -65,6 +65,11 @@ class Mixer(nn.Module):
         """Per-layer options (default: every layer gets the same)."""
         return options
 
+    def reach(self) -> int | None:
+        """How many positions back this layer's output at t can read (it depends on inputs
+        t - reach .. t only); None: every earlier position (attention, recurrences)."""
+        return None
+
     def no_weight_decay(self) -> set[str]:
         """Names of parameters (relative to this module) that AdamW should not decay."""
         return set()

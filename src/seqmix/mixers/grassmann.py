@@ -163,6 +163,11 @@ class CausalGrassmann(Mixer):
         offsets = tuple(options.get("offsets", GrassmannOptions.offsets))
         return {**options, "offsets": (offsets[layer_index % len(offsets)],)}
 
+    def reach(self) -> int | None:
+        # Position t pairs z_t only with z_{t-Δ}, Δ in its offsets (Zhang 2025, §3.2, causal
+        # form): one layer reads max Δ tokens back, n layers at most the sum of theirs.
+        return max(self.options.offsets) if self.causal else None
+
     def signed_offsets(self) -> tuple[int, ...]:
         o = self.options.offsets
         return o if self.causal else o + tuple(-d for d in o)

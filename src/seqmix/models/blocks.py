@@ -94,3 +94,10 @@ def build_blocks(
         )
         for i in range(n_layers)
     )
+
+
+def stack_reach(blocks: nn.ModuleList) -> int | None:
+    """How many positions back a stack's output at t can read: the sum of its mixers'
+    reaches, or None (unbounded) if any mixer's is."""
+    reaches = [block.mixer.reach() for block in blocks]
+    return None if any(r is None for r in reaches) else sum(reaches)

@@ -1,5 +1,6 @@
-"""A causal language model around any mixer (REFERENCE.md §1.1: token + learned absolute
-position embeddings, N blocks, a final LayerNorm, and a head tied to the embedding)."""
+"""A causal language model around any mixer (the Grassmann paper's LM, Zhang 2025,
+arXiv:2512.19428, §3.1: token + learned absolute position embeddings, N blocks, a final
+LayerNorm, and a head tied to the embedding)."""
 
 from __future__ import annotations
 
@@ -61,11 +62,19 @@ class CausalLM(nn.Module):
         """Logits (B, L, V)."""
         return self.head(self.norm_f(self.hidden_states(idx)[-1]))
 
+    def logits_at(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits (N, V) at the N positions where ``positions`` (B, L, bool) is True: the
+        head (d × V, the largest matmul of a small model) runs only where it is scored."""
+        return self.head(self.norm_f(self.hidden_states(idx)[-1])[positions])
+
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self(idx)
-        return F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100
-        )
+        """Mean cross-entropy over the positions with a target (targets != -100)."""
+        scored = targets != -100
+        if bool(scored.all()):  # language modelling: every position
+            logits, targets = self(idx), targets
+        else:  # MQAR: only the query positions reach the head
+            logits, targets = self.logits_at(idx, scored), targets[scored]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
 def _init_weights(module: nn.Module) -> None:

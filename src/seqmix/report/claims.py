@@ -21,10 +21,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from seqmix.report.summary import mean_ci
+from seqmix.report.summary import best_of_sweep, best_point, mean_ci
 
 KINDS = ("relative_gap", "accuracy_difference", "metric_threshold", "complexity_exponent",
-         "su_closed_form", "measured_sparsity")
+         "su_closed_form", "measured_sparsity", "width_to_reach", "recall_beyond_reach")
 REQUIRED_KEYS = {"id", "claim", "source", "reported", "kind", "unit", "agree_if", "requires"}
 VERDICTS = ("agrees", "disagrees", "inconclusive", "not testable")
 
@@ -178,6 +178,8 @@ def eval_paired(res: Results, claim: dict) -> ClaimResult:
 
 
 def eval_threshold(res: Results, claim: dict) -> ClaimResult:
+    if "per" in claim:
+        return eval_threshold_per(res, claim)
     if (missing := _not_run(res, claim, [claim["arch"]])):
         return _result(claim, float("nan"), float("nan"), "--", "not testable", missing)
     rows = _metric_rows(res, claim, claim["arch"])
@@ -185,6 +187,102 @@ def eval_threshold(res: Results, claim: dict) -> ClaimResult:
     mean, half, _ = mean_ci(rows[col])
     return dataclasses.replace(_decide(claim, mean, half, _run_scale(rows), _run_requirements(claim, rows)),
                                values=[float(v) for v in rows[col]])
+
+
+def _group_rows(res: Results, claim: dict) -> pd.DataFrame:
+    runs = res.runs
+    return runs[runs.group == claim["task"]] if runs is not None else pd.DataFrame()
+
+
+def _sweep_scale(rows: pd.DataFrame, per: str, values) -> str:
+    r = rows.iloc[0]
+    return (f"{r.group}: {per.split('.')[-1]} {', '.join(f'{v:g}' for v in values)}, best of "
+            f"{rows.lr.nunique()} learning rate(s) by {r.eval_split} {r.metric}, {int(r.steps_planned):,} steps max, "
+            f"{rows.seed.nunique()} seed(s); train: {r.train_data}")
+
+
+def eval_threshold_per(res: Results, claim: dict) -> ClaimResult:
+    """A threshold that must hold at every value of a swept axis (``per``, e.g. every
+    width), each at its best point over the other axes (selected on the eval split)."""
+    rows = _group_rows(res, claim)
+    best = best_of_sweep(rows, claim["task"], claim["per"]) if len(rows) else pd.DataFrame()
+    mine = best[best.arch == claim["arch"]] if len(best) else best
+    if mine.empty:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable",
+                       f"{claim['arch']} not trained on {claim['task']} in this profile")
+    col = "eval_mean" if claim.get("split", "test") == "eval" else "test_mean"
+    # "at every width": the width closest to failing the criterion decides.
+    worst = mine[col].min() if "min" in claim["agree_if"] else mine[col].max()
+    at = ", ".join(f"{claim['per'].split('.')[-1]} {p:g}: {v:.3f}" for p, v in zip(mine.per_value, mine[col]))
+    measured = _sweep_scale(rows, claim["per"], mine.per_value) + f"; {at}"
+    unmet = _run_requirements(claim, rows[rows.arch == claim["arch"]])
+    return dataclasses.replace(_decide(claim, float(worst), float("nan"), measured, unmet),
+                               values=[float(v) for v in mine[col]])
+
+
+def _needed(best: pd.DataFrame, arch: str, threshold: float) -> float:
+    """The smallest swept value at which ``arch``'s best test metric reaches ``threshold``
+    (inf: at none of them)."""
+    mine = best[(best.arch == arch) & (best.test_mean >= threshold)]
+    return float(mine.per_value.min()) if len(mine) else math.inf
+
+
+def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
+    """How much more of a swept axis (width) ``arch`` needs than the ``baselines`` to reach
+    ``threshold``: log2(needed[arch] / max(needed[baseline])). ``arch`` never reaching it
+    within the sweep counts as needing twice the largest value swept (a lower bound)."""
+    rows = _group_rows(res, claim)
+    archs = [claim["arch"], *claim["baselines"]]
+    best = best_of_sweep(rows, claim["task"], claim["per"]) if len(rows) else pd.DataFrame()
+    if best.empty or set(archs) - set(best.arch):
+        return _result(claim, float("nan"), float("nan"), "--", "not testable",
+                       f"{', '.join(sorted(set(archs) - set(best.arch) if len(best) else archs))} not swept on {claim['task']}")
+    needed = {a: _needed(best, a, claim["threshold"]) for a in archs}
+    axis = claim["per"].split(".")[-1]
+    told = "; ".join(f"{a} {'never' if math.isinf(w) else f'at {axis} {w:g}'}" for a, w in needed.items())
+    measured = _sweep_scale(rows, claim["per"], sorted(best.per_value.unique())) + f"; test {best.metric.iloc[0]} ≥ {claim['threshold']:g}: {told}"
+    base = max(needed[b] for b in claim["baselines"])
+    if math.isinf(base):
+        return _result(claim, float("nan"), float("nan"), measured, "not testable",
+                       f"no baseline ({', '.join(claim['baselines'])}) reaches {claim['threshold']:g} at the widths swept")
+    mine = needed[claim["arch"]] if not math.isinf(needed[claim["arch"]]) else 2 * float(best.per_value.max())
+    value = math.log2(mine / base)
+    result = _decide(claim, value, float("nan"), measured, [])
+    if math.isinf(needed[claim["arch"]]):
+        result = dataclasses.replace(result, ours=f"≥ {value:.3g}", why=result.why + f" ({claim['arch']} never reached it: a lower bound)")
+    return result
+
+
+def eval_recall_beyond_reach(res: Results, claim: dict) -> ClaimResult:
+    """Accuracy minus chance on the queries whose key lies beyond the model's reach (the
+    positions its output can read), of ``arch``'s best point; 95% binomial interval over
+    those queries. Requires recall within reach (else the test says nothing)."""
+    rows = _group_rows(res, claim)
+    task = best_point(rows, claim["task"], claim["arch"]) if len(rows) else None
+    table = res.table("summary/breakdown.csv")
+    if task is None or table is None:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim['arch']} not trained on {claim['task']}")
+    run = rows[(rows.task == task) & (rows.status == "ok")]
+    reach, chance = run.reach.iloc[0], float(run.chance.iloc[0])
+    if pd.isna(reach):
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim['arch']} has no finite reach")
+    b = table[(table.task == task) & (table.arch == claim["arch"]) & (table.by == "query_distance")
+              & (table.split == run.test_split.iloc[0])]
+    beyond, inside = b[b.value > reach], b[b.value <= reach]
+    n_out, n_in = int(beyond.scored.sum()), int(inside.scored.sum())
+    acc_out = beyond.correct.sum() / n_out if n_out else float("nan")
+    acc_in = inside.correct.sum() / n_in if n_in else float("nan")
+    half = 1.96 * math.sqrt(acc_out * (1 - acc_out) / n_out) if n_out else float("nan")
+    measured = (f"{task} (best point), reach {int(reach)} tokens, chance {chance:.3f}: "
+                f"accuracy {acc_in:.3f} on {n_in:,} queries within reach, {acc_out:.3f} on {n_out:,} beyond")
+    unmet = []
+    floor = claim["requires"].get("min_accuracy_within_reach")
+    if not n_out:
+        unmet.append(f"no test query lies beyond the reach of {int(reach)} tokens")
+    if floor is not None and not acc_in >= floor:
+        unmet.append(f"{claim['arch']} does not recall within its reach (accuracy {acc_in:.3f} < {floor}), "
+                     "so its accuracy beyond it says nothing about the reach")
+    return _decide(claim, acc_out - chance, half, measured, unmet)
 
 
 def eval_complexity(res: Results, claim: dict) -> ClaimResult:
@@ -255,29 +353,42 @@ def eval_su(res: Results, claim: dict) -> ClaimResult:
                        verdict, f"{claim['unit']} {criterion(claim['agree_if'])}: {value:.4f}")
 
 
+def _sparsity_task_of(res: Results, claim: dict, arch: str) -> str:
+    """The task whose rows stand for ``arch``: the claim's task, or for a swept task the
+    arch's best point (the model that learned the task best)."""
+    runs = res.runs
+    if runs is not None and claim["task"] in set(runs.group) and claim["task"] not in set(runs.task):
+        return best_point(runs, claim["task"], arch) or claim["task"]
+    return claim["task"]
+
+
 def eval_measured_sparsity(res: Results, claim: dict) -> ClaimResult:
     sp = res.table("analysis/sparsity.csv")
     if sp is None or sp.empty:
         return _result(claim, float("nan"), float("nan"), "--", "not testable", "no measured sparsity")
-    att = sp[(sp.kind == "attention") & (sp.task == claim["task"])]
-    per_seed = {a: att[att.arch == a].groupby("seed").S_mean.mean() for a in (claim["arch"], claim["baseline"])}
+    att = sp[sp.kind == "attention"]
+    if "positions" in claim:
+        att = att[att.positions == claim["positions"]]
+    tasks = {a: _sparsity_task_of(res, claim, a) for a in (claim["arch"], claim["baseline"])}
+    per_seed = {a: att[(att.arch == a) & (att.task == t)].groupby("seed").S_mean.mean() for a, t in tasks.items()}
     missing = [a for a, s in per_seed.items() if s.empty]
     if missing:
         return _result(claim, float("nan"), float("nan"), "--", "not testable",
-                       f"no trained attention rows of {', '.join(missing)}")
+                       f"no trained attention rows of {', '.join(missing)} on {claim['task']}")
     seeds = sorted(set(per_seed[claim["arch"]].index) & set(per_seed[claim["baseline"]].index))
     diffs = [per_seed[claim["arch"]][s] - per_seed[claim["baseline"]][s] for s in seeds]
     mean, half, _ = mean_ci(diffs)
     ref, _, _ = mean_ci(per_seed[claim["arch"]])
     base, _, _ = mean_ci(per_seed[claim["baseline"]])
-    on = (f"{claim['task']} held-out rows, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}; "
+    where = f"{claim.get('positions', 'all')} rows" if "positions" in claim else "rows"
+    on = (f"{', '.join(sorted(set(tasks.values())))} held-out {where}, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}; "
           f"S {claim['arch']} {ref:.3f}, {claim['baseline']} {base:.3f}")
     why = []
     limit = claim["requires"].get("max_reference_sparsity")
     if limit is not None and ref > limit:
         why.append(f"trained {claim['arch']} attention is still near-uniform (S = {ref:.3f} > {limit}): "
                    "the models have not learned to attend at this scale")
-    return _decide(claim, mean, half, on, why)
+    return dataclasses.replace(_decide(claim, mean, half, on, why), values=[float(d) for d in diffs])
 
 
 def _decide(claim: dict, mean: float, half: float, measured_on: str, unmet: list[str]) -> ClaimResult:
@@ -298,6 +409,8 @@ def _result(claim, mean, half, measured_on, verdict, why) -> ClaimResult:
 
 
 EVALUATORS: dict[str, Any] = {
+    "width_to_reach": eval_width_to_reach,
+    "recall_beyond_reach": eval_recall_beyond_reach,
     "relative_gap": eval_paired,
     "accuracy_difference": eval_paired,
     "metric_threshold": eval_threshold,

@@ -13,11 +13,25 @@ directory.
     lr                           peak learning rate
     steps_planned, steps_completed, diverged_at_step
     seen, seen_unit              training progress (tokens or examples)
+    reach                        how many positions back the model's output can read (the sum
+                                 of its layers' reaches; empty: unbounded)
+    chance                       the task's chance level of its metric (empty: none; MQAR:
+                                 1 / key-value pairs, a model that outputs some value)
     eval_split, eval_value, eval_loss, eval_scored     final evaluation on the eval split
     test_split, test_value, test_loss, test_scored     ... and on the test split
     scored_unit                  what *_scored counts (tokens, queries, examples)
     train_data, train_complete, eval_data, test_data   what the data were (manifests)
     tokenizer, device, wall_time_s, run_dir
+
+``results/summary/breakdown.csv``: what a task's evaluation reports beyond its metric, one
+row per (run, split, by, value); columns:
+
+    task, kind, group, sweep, arch, seed   the run, as above
+    split                        eval or test split
+    by                           what the scores are broken down by (MQAR: query_distance,
+                                 the tokens from a query back to its key)
+    value                        the value of ``by`` (e.g. a distance in tokens)
+    correct, scored              correct predictions and scored units at that value
 """
 
 from __future__ import annotations
@@ -30,7 +44,7 @@ from seqmix.io import read_json, write_csv
 FIELDS = [
     "profile", "task", "kind", "group", "sweep", "arch", "seed", "status", "metric", "higher_is_better",
     "params", "d_model", "n_layers", "lr", "steps_planned", "steps_completed", "diverged_at_step",
-    "seen", "seen_unit", "eval_split", "eval_value", "eval_loss", "eval_scored", "test_split",
+    "seen", "seen_unit", "reach", "chance", "eval_split", "eval_value", "eval_loss", "eval_scored", "test_split",
     "test_value", "test_loss", "test_scored", "scored_unit", "train_data", "train_complete",
     "eval_data", "test_data", "tokenizer", "device", "wall_time_s", "run_dir",
 ]
@@ -50,7 +64,7 @@ def run_row(run_dir: Path) -> dict:
         "params": m["params"], "d_model": m["d_model"], "n_layers": m["n_layers"], "lr": cfg["train"]["lr"],
         "steps_planned": m["steps_planned"], "steps_completed": m["steps_completed"],
         "diverged_at_step": m["diverged_at_step"], "seen": m["seen"], "seen_unit": m["seen_unit"],
-        "eval_split": m["eval_split"], "eval_value": ev.get(metric), "eval_loss": ev.get("loss"),
+        "reach": m["reach"], "chance": m["chance"], "eval_split": m["eval_split"], "eval_value": ev.get(metric), "eval_loss": ev.get("loss"),
         "eval_scored": ev.get("scored"), "test_split": m["test_split"], "test_value": te.get(metric),
         "test_loss": te.get("loss"), "test_scored": te.get("scored"), "scored_unit": m["scored_unit"],
         "train_data": splits[m["train_split"]]["description"],
@@ -61,7 +75,23 @@ def run_row(run_dir: Path) -> dict:
     }
 
 
-def collect(run_dirs: list[Path], out: Path) -> int:
+BREAKDOWN_FIELDS = ["task", "kind", "group", "sweep", "arch", "seed", "split", "by", "value", "correct", "scored"]
+
+
+def breakdown_rows(run_dir: Path, row: dict) -> list[dict]:
+    e = read_json(run_dir / "eval.json")
+    ids = {k: row[k] for k in ("task", "kind", "group", "sweep", "arch", "seed")}
+    return [{**ids, "split": split, "by": by, "value": value, "correct": counts[0], "scored": counts[1]}
+            for split, res in e["splits"].items()
+            for by, table in (res.get("breakdown") or {}).items()
+            for value, counts in table.items()]
+
+
+def collect(run_dirs: list[Path], out: Path, breakdown_out: Path | None = None) -> int:
+    """runs.csv (and breakdown.csv) of ``run_dirs``; returns the number of runs."""
     rows = [run_row(Path(d)) for d in run_dirs]
     write_csv(out, rows, FIELDS)
+    if breakdown_out is not None:
+        parts = [breakdown_rows(Path(d), r) for d, r in zip(run_dirs, rows)]
+        write_csv(breakdown_out, [b for part in parts for b in part], BREAKDOWN_FIELDS)
     return len(rows)

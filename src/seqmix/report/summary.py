@@ -44,3 +44,40 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
                          higher_is_better=bool(first.higher_is_better), eval_mean=ev, eval_ci=ev_half,
                          test_mean=te, test_ci=te_half, eval_split=first.eval_split, test_split=first.test_split))
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def sweep_axes(runs: pd.DataFrame) -> pd.Series:
+    """The sweep settings of every row (runs.csv's ``sweep`` JSON) as dicts."""
+    import json
+
+    return runs["sweep"].fillna("{}").map(json.loads)
+
+
+def best_of_sweep(runs: pd.DataFrame, group: str, per: str) -> pd.DataFrame:
+    """The summary rows of the best point of a swept task, for every (architecture, value
+    of the ``per`` axis): the point whose mean *eval* metric is best among those that share
+    that value (Zoology reports the best learning rate per width, Arora et al. 2024,
+    arXiv:2312.04927, Fig. 2). Adds a column ``per_value``; test values are the selected
+    point's, never the maximum over test scores."""
+    mine = runs[runs.group == group]
+    if mine.empty:
+        return pd.DataFrame(columns=[*SUMMARY_COLUMNS, "per_value"])
+    summ = summarise(mine)
+    axes = dict(zip(mine.task, sweep_axes(mine)))
+    summ["per_value"] = [axes[t].get(per) for t in summ.task]
+    higher = bool(summ.higher_is_better.iloc[0])
+    order = summ.sort_values("eval_mean", ascending=not higher, na_position="last")
+    best = order.groupby(["arch", "per_value"], sort=False).head(1)
+    return best.sort_values(["arch", "per_value"]).reset_index(drop=True)
+
+
+def best_point(runs: pd.DataFrame, group: str, arch: str) -> str | None:
+    """The task name (sweep point) of ``arch``'s best mean eval metric within ``group``."""
+    mine = runs[(runs.group == group) & (runs.arch == arch)]
+    if mine.empty:
+        return None
+    summ = summarise(mine).dropna(subset=["eval_mean"])
+    if summ.empty:
+        return None
+    higher = bool(summ.higher_is_better.iloc[0])
+    return summ.sort_values("eval_mean", ascending=not higher).task.iloc[0]

@@ -64,6 +64,12 @@ class Task:
         self.manifest = read_manifest(self.data_dir, spec.task)  # every file checked first
 
     @property
+    def chance(self) -> float | None:
+        """The metric of a model that has learned the task's format but nothing more (the
+        floor claims compare with); None when there is no such level."""
+        return None
+
+    @property
     def eval_split(self) -> str:
         """The split of periodic evaluation (model selection)."""
         return "validation"
@@ -98,7 +104,9 @@ class Task:
 
     def evaluate(self, model, split: str, batch_size: int, device, max_batches: int | None = None) -> dict:
         """{"loss", <metric>, "scored" (in scored_unit), "split_size" (scored units of the
-        whole split)}, on the whole split or its first ``max_batches`` batches."""
+        whole split)}, on the whole split or its first ``max_batches`` batches. A task may
+        add ``"breakdown": {<by>: {<value>: [correct, scored]}}`` (MQAR: by query distance);
+        ``collect`` writes every run's breakdown into results/summary/breakdown.csv."""
         raise NotImplementedError
 
     def heldout_inputs(self, split: str, num: int, crop_len: int) -> tuple[torch.Tensor, ...]:
@@ -106,3 +114,9 @@ class Task:
         them): every row a real input of one length, with no padding; encoder tasks crop
         to ``crop_len`` tokens."""
         raise NotImplementedError
+
+    def heldout_rows(self, split: str, num: int) -> torch.Tensor | None:
+        """Which positions of those inputs are scored, (num, L) bool; None = all. The
+        sparsity analysis measures attention rows there (MQAR: at the queries, where the
+        right answer is one key)."""
+        return None

@@ -61,6 +61,11 @@ class MQAR(Task):
         super().__init__(spec)
         self.arrays: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    @property
+    def chance(self) -> float:
+        # A model that outputs a value of the context without knowing which one.
+        return 1.0 / self.settings.num_kv_pairs
+
     def split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         if split not in self.arrays:
             z = np.load(self.data_dir / f"{split}.npz")
@@ -81,20 +86,42 @@ class MQAR(Task):
     def progress(self, batch):
         return int(batch[0].numel())
 
+    def query_distance(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """For every query position (labels != -100), how many tokens back its key stands in
+        the context: the distance a mixer must reach to recall the value. (N,) int64."""
+        pairs = self.settings.num_kv_pairs
+        keys = inputs[:, 0 : 2 * pairs : 2]  # (B, pairs): the context's keys at 0, 2, 4, ...
+        rows, cols = (labels != -100).nonzero(as_tuple=True)
+        which = (inputs[rows, cols][:, None] == keys[rows]).float().argmax(-1)  # keys are distinct
+        return cols - 2 * which
+
     @torch.no_grad()
     def evaluate(self, model, split, batch_size, device, max_batches=None):
+        """Accuracy and loss at the query positions; ``breakdown.query_distance`` maps each
+        distance from query to key to [correct, queries] (the analyses bin it)."""
         inputs, labels = self.split(split)
         n = len(inputs) if max_batches is None else min(len(inputs), max_batches * batch_size)
         total, correct, count = 0.0, 0, 0
+        by_distance: dict[int, list[int]] = {}
         for i in range(0, n, batch_size):
             x, y = inputs[i : min(i + batch_size, n)].to(device), labels[i : min(i + batch_size, n)].to(device)
-            logits = model(x).float()
             mask = y != -100
-            total += F.cross_entropy(logits[mask], y[mask], reduction="sum").item()
-            correct += (logits[mask].argmax(-1) == y[mask]).sum().item()
+            logits = model.logits_at(x, mask).float()
+            total += F.cross_entropy(logits, y[mask], reduction="sum").item()
+            hit = (logits.argmax(-1) == y[mask]).cpu()
+            correct += int(hit.sum())
             count += int(mask.sum())
+            for d, h in zip(self.query_distance(x.cpu(), y.cpu()).tolist(), hit.tolist()):
+                entry = by_distance.setdefault(d, [0, 0])
+                entry[0] += int(h)
+                entry[1] += 1
         return {"loss": total / count, "accuracy": correct / count, "scored": count,
-                "split_size": int((labels != -100).sum())}
+                "split_size": int((labels != -100).sum()),
+                "breakdown": {"query_distance": {str(d): v for d, v in sorted(by_distance.items())}}}
+
+    def heldout_rows(self, split: str, num: int) -> torch.Tensor:
+        """The query positions of the held-out inputs: the rows where the answer is one key."""
+        return self.split(split)[1][:num] != -100
 
     def heldout_inputs(self, split, num, crop_len):
         return (self.split(split)[0][:num],)

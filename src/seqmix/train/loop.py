@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from seqmix.io import write_csv, write_json
 from seqmix.mixers.base import force_reference
+from seqmix.models.blocks import stack_reach
 from seqmix.models.budget import solve_budget
 from seqmix.sections import TrainSpec
 from seqmix.spec import RunSpec
@@ -253,6 +254,7 @@ def finish(run: Run, status: str, diverged_at: int | None) -> dict:
         "metric": task.metric, "higher_is_better": task.higher_is_better,
         "steps_planned": spec.train.steps, "steps_completed": state.step, "diverged_at_step": diverged_at,
         "seen": state.seen, "seen_unit": task.progress_unit, "scored_unit": task.scored_unit,
+        "reach": stack_reach(run.model.blocks), "chance": task.chance,
         "train_split": task.train_split, "eval_split": task.eval_split, "test_split": task.test_split,
         "eval_batches": spec.train.eval_batches, "last_eval": state.last_eval, "best_eval": state.best,
         "train_loss_last": state.log[-1]["loss"] if state.log else None,
