@@ -178,20 +178,7 @@ def causal_favor_attention(
     num = W @ v_c
     den = W.sum(-1, keepdim=True)
 
-    # Across chunks: the state entering chunk n, stabilised by M at the end of chunk n-1.
-    M_end = M_c[..., -1]  # (B, H, N)
-    w_end = torch.exp(mu_c - M_end[..., None])  # (B, H, N, C), ≤ 1
-    kv = (k_c * w_end[..., None]).transpose(-1, -2) @ v_c  # (B, H, N, m, Dv)
-    ks = (k_c * w_end[..., None]).sum(-2)  # (B, H, N, m)
-    M_prev = torch.cat([torch.full_like(M_end[..., :1], -math.inf), M_end[..., :-1]], dim=-1)
-    S, z = [torch.zeros_like(kv[:, :, 0])], [torch.zeros_like(ks[:, :, 0])]
-    for n in range(1, N):  # N = L/C steps on (m, Dv) states
-        scale = torch.exp(M_prev[:, :, n - 1] - M_end[:, :, n - 1])[..., None]  # (B, H, 1), ≤ 1
-        S.append(S[-1] * scale[..., None] + kv[:, :, n - 1])
-        z.append(z[-1] * scale + ks[:, :, n - 1])
-    S = torch.stack(S, dim=2)  # (B, H, N, m, Dv), stabilised by M_end of the previous chunk
-    z = torch.stack(z, dim=2)  # (B, H, N, m)
-    carry = torch.exp(M_prev[..., None] - M_c)[..., None]  # (B, H, N, C, 1), 0 for chunk 0
+    S, z, carry = _chunk_states(k_c, v_c, mu_c, M_c)
     num = num + carry * (q_c @ S)
     den = den + carry * (q_c * z[..., None, :]).sum(-1, keepdim=True)
 
@@ -203,6 +190,28 @@ def causal_favor_attention(
     # Drop the padded queries before dividing (their 0/0 would poison the gradient). The
     # common factor m^(-1/2) of the key features cancels.
     return num[:, :, :L] / den[:, :, :L]
+
+
+def _chunk_states(k_c: torch.Tensor, v_c: torch.Tensor, mu_c: torch.Tensor, M_c: torch.Tensor):
+    """The states entering every chunk of ``causal_favor_attention``: S_n = Σ k̂_j e^{μ_j − M} v_jᵀ
+    and z_n = Σ k̂_j e^{μ_j − M} over the keys of chunks < n, stabilised by M = the running
+    max at the end of chunk n−1, and ``carry`` = e^{M_{n−1,end} − M_t} that rescales them to
+    each query's own M_t (0 for chunk 0). (B, H, N, m, Dv), (B, H, N, m), (B, H, N, C, 1)."""
+    M_end = M_c[..., -1]  # (B, H, N)
+    w_end = torch.exp(mu_c - M_end[..., None])  # (B, H, N, C), ≤ 1
+    kv = (k_c * w_end[..., None]).transpose(-1, -2) @ v_c  # (B, H, N, m, Dv)
+    ks = (k_c * w_end[..., None]).sum(-2)  # (B, H, N, m)
+    M_prev = torch.cat([torch.full_like(M_end[..., :1], -math.inf), M_end[..., :-1]], dim=-1)
+    scale = torch.exp(M_prev - M_end)  # (B, H, N), ≤ 1: rescales the state when M grows
+    # unbind, not kv[:, :, n] in the loop: indexing one chunk per step makes autograd
+    # zero-fill a gradient of kv's full size at every step, O(L²/C) in backward.
+    kv_n, ks_n, scale_n = kv.unbind(2), ks.unbind(2), scale.unbind(2)
+    S, z = [torch.zeros_like(kv_n[0])], [torch.zeros_like(ks_n[0])]
+    for n in range(1, len(kv_n)):  # N = L/C steps on (m, Dv) states
+        S.append(S[-1] * scale_n[n - 1][..., None, None] + kv_n[n - 1])
+        z.append(z[-1] * scale_n[n - 1][..., None] + ks_n[n - 1])
+    carry = torch.exp(M_prev[..., None] - M_c)[..., None]  # (B, H, N, C, 1), 0 for chunk 0
+    return torch.stack(S, dim=2), torch.stack(z, dim=2), carry
 
 
 class Performer(HeadProjections, Mixer):
