@@ -201,10 +201,33 @@ def test_analytic_curves_table():
     rows = su.analytic_curves(cfg)
     assert all(set(r) == set(su.FIELDS) for r in rows)
     assert len(rows) == 3 * 2 * 4 + 2 * 2 + 1 * 3 * 1
-    S = np.array([r["S"] for r in rows])
-    assert np.all((S > 0) & (S <= 1 + 1e-12))
-    decay = [r for r in rows if r["kernel"] == "decay" and r["lambda"] == 1.0]
-    assert all(r["S"] == 1.0 for r in decay)
+    closed = [r for r in rows if r["method"] == "closed_form" and r["kernel"] != "decay"]
+    assert {(r["beta"], r["gamma"]) for r in closed} == {(b, g) for b in (-1.0, 0.0, 1.0) for g in (0.5, 1.5)}
+    # Each row holds the S of its kernel at its (β, γ), computed here without the closed
+    # forms: 1-D kernels by quadrature, elu+1 from quadrature moments of its features.
+    for r in closed:
+        b, g = r["beta"], r["gamma"]
+        if r["kernel"] == "elu1":
+            mean = _normal_expect(lambda x: float(su.elu1(x)), b / g, 1.0)
+            var = _normal_expect(lambda x: float(su.elu1(x)) ** 2, b / g, 1.0) - mean**2
+            q = np.ones(8)
+            q[0] = g + 1.0  # elu(‖q‖) + 1 along the query's axis, 1 on the others
+            ratio = np.linalg.norm(q) / q.sum()
+            expected = 1 / math.sqrt(1 + var / mean**2 * ratio**2)
+        else:
+            expected = su.s_quad(r["kernel"], b, g)
+        assert r["S"] == pytest.approx(expected, abs=1e-6), r
+        assert (r["n"], r["S_se"], r["rows"]) == (float("inf"), 0.0, 0)
+    # Decay rows: S of the explicit row (λ^{n-1}, ..., λ, 1).
+    decay = [r for r in rows if r["kernel"] == "decay"]
+    assert {(r["lambda"], r["n"]) for r in decay} == {(lam, n) for lam in (0.9, 1.0) for n in (4, 64)}
+    for r in decay:
+        a = r["lambda"] ** np.arange(r["n"] - 1, -1, -1, dtype=float)
+        assert r["S"] == pytest.approx(a.mean() / math.sqrt((a * a).mean()), abs=1e-12), r
+    mc = [r for r in rows if r["method"] == "monte_carlo"]
+    assert sorted(r["kernel"] for r in mc) == sorted(su.KERNELS)
+    assert all((r["beta"], r["gamma"], r["n"], r["rows"]) == (0.0, 1.0, 16, 10) for r in mc)
+    assert all(1 / math.sqrt(16) <= r["S"] <= 1 and r["S_se"] > 0 for r in mc)
 
 
 # --- su_sparsity ---------------------------------------------------------------------------
@@ -238,7 +261,6 @@ def test_su_sparsity_mask_dim_and_scale():
 def test_su_sparsity_matches_numpy_ratio():
     a = np.random.default_rng(0).exponential(size=1000)
     assert su_sparsity(torch.from_numpy(a)).item() == pytest.approx(su.ratio_estimate(a)[0], rel=1e-12)
-    assert special.ndtr(0.0) == 0.5  # scipy.special is what the closed forms use
 
 
 def test_cli_writes_the_curves_csv(tmp_path):
