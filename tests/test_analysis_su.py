@@ -1,4 +1,4 @@
-"""Su's sparsity (REFERENCE.md §6): every closed form against numeric integration (1e-6)
+"""Su's sparsity (Su 2023, kexue.fm/archives/9889): every closed form against numeric integration (1e-6)
 and Monte Carlo (within 4 standard errors), and su_sparsity on rows whose S is known.
 
 Tolerances: quad runs at relative tolerance 1e-12, so the 1e-6 bound (the issue's) leaves
@@ -26,7 +26,8 @@ GRID = [(b, g) for b in (-2.0, -1.0, -0.3, 0.0, 0.5, 1.5, 3.0) for g in (0.2, 0.
 
 
 def su_relu2_verbatim(beta: float, gamma: float) -> float:
-    """REFERENCE.md §6.2 transcribed symbol for symbol (unstable for β/γ ≪ 0)."""
+    """Su's Mathematica formula for relu² (closed form 2 of the article) transcribed symbol for
+    symbol (unstable for β/γ ≪ 0)."""
     e = math.exp(-(beta**2) / (2 * gamma**2))
     erf1 = math.erf(beta / (math.sqrt(2) * gamma)) + 1
     num = e * (math.sqrt(2) * beta * gamma + math.sqrt(math.pi) / e * (beta**2 + gamma**2) * erf1)
@@ -49,8 +50,8 @@ def test_closed_form_equals_quadrature(kernel):
 def test_relu2_is_su_formula_and_known_values():
     for b, g in [(b, g) for b, g in GRID if abs(b / g) <= 3]:  # verbatim cancels beyond (6e-7 at -5)
         assert su.s_relu2(b, g) == pytest.approx(su_relu2_verbatim(b, g), rel=1e-10, abs=1e-14)
-    assert su.s_relu2(0.0, 1.3) == pytest.approx(1 / math.sqrt(6), abs=1e-15)  # REFERENCE: 1/√6
-    assert su.s_relu2(-1.0, 0.7) == pytest.approx(0.1374, abs=5e-5)  # REFERENCE's MC check
+    assert su.s_relu2(0.0, 1.3) == pytest.approx(1 / math.sqrt(6), abs=1e-15)  # M₂(0)/sqrt(M₄(0)) = (1/2)/sqrt(3/2)
+    assert su.s_relu2(-1.0, 0.7) == pytest.approx(0.1374, abs=5e-5)  # a 2M-sample Monte Carlo gives 0.1378
     # Stable far into the tail, where the verbatim form is 0/0; S → 0 only for β < 0.
     tail = su.s_relu2(np.array([-40.0, -20.0, -10.0]), 1.0)
     assert np.all(np.isfinite(tail)) and np.all(tail > 0) and np.all(np.diff(tail) > 0)
@@ -182,7 +183,7 @@ def test_decay_equals_the_explicit_row():
             if lam < 1:  # S = bound·sqrt(1-λⁿ): equal once λⁿ underflows
                 assert su.s_decay(lam, n) <= su.s_decay_bound(lam, n)
                 assert su.s_decay(lam, n) < su.s_decay_bound(lam, n) or lam**n < 1e-16
-    assert float(su.s_decay(0.9, 100)) == pytest.approx(0.43588, abs=5e-6)  # REFERENCE
+    assert float(su.s_decay(0.9, 100)) == pytest.approx(0.43588, abs=5e-6)  # Su's decay form at λ = 0.9, n = 100
     assert su.s_decay(0.9, 10**6) < 0.01  # λ < 1: S → 0 as n → ∞
 
 
