@@ -73,3 +73,41 @@ def test_the_python_version_stated_is_the_one_the_pins_need(path):
     text = (REPO / path).read_text()
     assert "3.10" not in text
     assert ('requires-python = ">=3.11"' in text) if path == "pyproject.toml" else ("Python ≥ 3.11" in text)
+
+
+# --- the repository stands on its own -----------------------------------------------------
+
+# Notes that live beside the repository on the machine it was built on, and that machine's
+# paths: a user of a clone has none of them. Sources are cited as papers (authors, year,
+# arXiv id or venue, section); what the project derived from them is in its own docs.
+OUTSIDE = re.compile(r"\bREFERENCE\b|\bDESIGN\.md\b|\bSTYLE\.md\b|/work/|/root/")
+# The data mirror's default location beside a checkout: only where the mirror is set up or
+# explained (README instructions, Makefile and CI defaults, the config's comment, and the
+# test fixture that follows the Makefile).
+MIRROR_DEFAULT = "../shared"
+MIRROR_DEFAULT_FILES = {"Makefile", ".ci/run", "README.md", "config/config.yaml", "tests/conftest.py"}
+
+
+def tracked_text_files() -> list[str]:
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    return [f for f in files if f != "tests/test_repository.py" and b"\0" not in (REPO / f).read_bytes()[:8192]]
+
+
+def test_no_tracked_file_points_outside_the_repository():
+    files = tracked_text_files()
+    assert "src/seqmix/mixers/grassmann.py" in files and "paper/claims.yaml" in files
+    found = []
+    for f in files:
+        for n, line in enumerate((REPO / f).read_text(errors="replace").splitlines(), 1):
+            if OUTSIDE.search(line) or (MIRROR_DEFAULT in line and f not in MIRROR_DEFAULT_FILES):
+                found.append(f"{f}:{n}: {line.strip()}")
+    assert not found, "references to files outside the repository:\n" + "\n".join(found)
+
+
+def test_the_rule_catches_what_it_is_for():
+    ref, design = "REFERENCE", "DESIGN"  # spelled apart, so that this file names no note itself
+    for line in (f"see {ref}.md §1.4", f"({ref} §6)", f"{design}.md: fast path", "/work/shared/x",
+                 f"# {ref}: 1/√6"):
+        assert OUTSIDE.search(line), line
+    for line in ("SEQMIX_REFERENCE_MIXERS=1", "_FORCE_REFERENCE = flag", "attention_reference(q, k, v)"):
+        assert not OUTSIDE.search(line), line
