@@ -1,4 +1,4 @@
-"""Triton kernels, importable as ``seqmix.kernels`` (DESIGN.md: fast path beside each reference).
+"""Triton kernels, importable as ``seqmix.kernels``: fast paths beside the mixers' references.
 
 This package imports nothing heavy: triton is imported by the submodules only, so that
 CPU-only users can ``import seqmix`` without it. Each kernel is a ``torch.autograd.Function``

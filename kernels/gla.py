@@ -1,4 +1,4 @@
-"""Chunked gated linear attention, forward and backward (REFERENCE.md §5.1).
+"""Chunked gated linear attention, forward and backward (Yang et al. 2024, arXiv:2312.06635).
 
 The specification is ``seqmix.mixers.gla.gla_recurrent_reference``: per (batch, head),
 

@@ -1,4 +1,4 @@
-"""Fused Causal Grassmann mixing (REFERENCE.md §1.2-1.3): z -> g without the Plücker tensor.
+"""Fused Causal Grassmann mixing (Zhang 2025, arXiv:2512.19428, §3.2): z -> g without the Plücker tensor.
 
 The specification is ``seqmix.mixers.grassmann.grassmann_mix_reference`` with positive
 offsets: g_t = W · mean_{Δ valid} p̂(z_t, z_{t-Δ}) + b, zero where no offset is valid.
@@ -77,7 +77,7 @@ def _prep_kernel(
         b = tl.load(z_ptr + (n - delta)[:, None] * R + cols[None, :],
                     mask=valid[:, None] & rmask[None, :], other=0.0).to(tl.float32)
         if NORMALIZE:
-            # ‖p(a, b)‖ = ‖a‖ ‖b⊥‖ with b⊥ = b - (a·b/‖a‖²) a  (§1.2 step 3, p̂ = p / max(‖p‖, ε))
+            # ‖p(a, b)‖ = ‖a‖ ‖b⊥‖ with b⊥ = b - (a·b/‖a‖²) a  (normalised Plücker coordinates p̂ = p / max(‖p‖, ε))
             lam = tl.sum(a * b, axis=1) / tl.maximum(aa, 1e-30)
             b_perp = b - lam[:, None] * a
             nrm = tl.sqrt(aa) * tl.sqrt(tl.sum(b_perp * b_perp, axis=1))
@@ -126,7 +126,7 @@ def _fwd_kernel(
         pbar = _plucker_tile(z_ptr, c_ptr, n, nmask, pi, pj, cmask, R)  # (BLOCK_N, BLOCK_C)
         w = tl.load(w_ptr + dd[None, :] * C + cc[:, None],
                     mask=cmask[:, None] & dmask[None, :], other=0.0)  # (BLOCK_C, BLOCK_D) = Wᵀ
-        acc += tl.dot(pbar.to(w.dtype), w, input_precision=PRECISION)  # §1.2 step 4: W_plü p̄
+        acc += tl.dot(pbar.to(w.dtype), w, input_precision=PRECISION)  # the projection back: W_plü p̄
     if HAS_BIAS:
         # b_plü only where some offset is valid (t ≥ min Δ); g_t = 0 otherwise
         bias = tl.load(bias_ptr + dd, mask=dmask, other=0.0).to(tl.float32)
@@ -289,7 +289,7 @@ def _blocks(D: int, R_PAD: int) -> dict[str, int]:
 def _antisymmetric_weight(weight: torch.Tensor, r: int, R_PAD: int, dtype: torch.dtype):
     """W_anti (D, R_PAD, R_PAD): W_anti[:, i, j] = W[:, c(i,j)] = -W_anti[:, j, i], zero pad.
 
-    dg @ W_anti.view(D, R_PAD²) is dp̄ laid out as the antisymmetric matrix Ḡ (§1.2 step 3).
+    dg @ W_anti.view(D, R_PAD²) is dp̄ laid out as the antisymmetric matrix Ḡ (p_ij = -p_ji).
     """
     i, j = _pairs(r, weight.device)
     wa = weight.new_zeros(weight.shape[0], R_PAD, R_PAD, dtype=dtype)

@@ -1,12 +1,13 @@
 """Token Statistics Self-Attention (ToST), causal and non-causal, forward and backward.
 
 The specification is ``seqmix.mixers.tssa.tssa_reference(w, temp, denom_bias, causal)``
-(REFERENCE.md §2.2 non-causal, §2.3 causal); w: (B, H, L, p), per head, before c_proj.
+(the official code's causal and non-causal forms, see there); w: (B, H, L, p), per head,
+before c_proj.
 
-Causal (§2.3), prefix sums over s ≤ t, per head k and feature c:
+Causal, prefix sums over s ≤ t, per head k and feature c:
     A_t = max(Σ w_s², 1e-12);  Π_t = softmax_k(temp_k (Σ_c w_t²/A_t + p·b_{k,t}))
     M_t = Σ Π_s w_s²;  Z_t = Σ Π_s + 1e-8;  y_t = -Π_t w_t / (1 + M_t/Z_t)
-Non-causal (§2.2), sums over all tokens:
+Non-causal, sums over all tokens:
     n_c = max(‖w_{:,c}‖, 1e-12);  Π_t = softmax_k(temp_k Σ_c w_t²/n_c²)
     M = Σ_t Π_t w_t²;  Z = Σ_t Π_t + 1e-8;  y_t = -Π_t w_t / (1 + M/Z)
 

@@ -10,19 +10,31 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Set by CI (.ci/run): there a missing mirror is a failure, not a reason to skip the tests
+# of the data layer and of WikiText-2 / SNLI training.
+REQUIRE_MIRROR_ENV = "SEQMIX_REQUIRE_MIRROR"
+
+
 def mirror_path() -> Path | None:
+    """$SEQMIX_DATA_MIRROR when set (and only it: an explicit choice is never overridden),
+    else ../shared/data beside the repository, as the Makefile does; None without one."""
     env = os.environ.get("SEQMIX_DATA_MIRROR")
-    for candidate in ([Path(env)] if env else []) + [REPO.parent / "shared" / "data"]:
-        if (candidate / "wikitext-2-raw").is_dir():
-            return candidate.resolve()
-    return None
+    candidate = Path(env) if env else REPO.parent / "shared" / "data"
+    return candidate.resolve() if (candidate / "wikitext-2-raw").is_dir() else None
 
 
 @pytest.fixture(scope="session")
 def mirror() -> Path:
+    """The data mirror. Tests that need it skip without one on a developer's machine, and
+    fail in CI ($SEQMIX_REQUIRE_MIRROR=1), where skipping them would leave CI green
+    without having tested the data layer."""
     path = mirror_path()
     if path is None:
-        pytest.skip("no data mirror: set SEQMIX_DATA_MIRROR to a copy of shared/data")
+        where = os.environ.get("SEQMIX_DATA_MIRROR") or REPO.parent / "shared" / "data"
+        msg = f"no data mirror at {where}: set SEQMIX_DATA_MIRROR to a copy of shared/data"
+        if os.environ.get(REQUIRE_MIRROR_ENV) == "1":
+            pytest.fail(f"{msg} ({REQUIRE_MIRROR_ENV}=1: this run must test the data layer)", pytrace=False)
+        pytest.skip(msg)
     return path
 
 
@@ -77,5 +89,17 @@ def prepared(tmp_path_factory, mirror) -> dict:
 
     root = tmp_path_factory.mktemp("seqmix")
     raw = tiny_config(root, mirror)
+    prepare_all(validate_config(raw))
+    return raw
+
+
+@pytest.fixture(scope="session")
+def prepared_mqar(tmp_path_factory) -> dict:
+    """The tiny config's MQAR task alone, prepared: synthetic, so it needs no mirror (tests
+    of training mechanics use it and run everywhere)."""
+    from seqmix.config import validate_config
+
+    root = tmp_path_factory.mktemp("seqmix-mqar")
+    raw = tiny_config(root, None)
     prepare_all(validate_config(raw))
     return raw

@@ -138,11 +138,7 @@ def test_model_geometry_rows():
 
 
 def test_tssa_compression_term_rows():
-    try:
-        cls = mixers.mixer_class("tssa")
-    except ImportError:
-        pytest.skip("the tssa mixer is not in this checkout yet")
-    assert geo.has_geometry(cls)
+    assert geo.has_geometry(mixers.mixer_class("tssa"))
     torch.manual_seed(0)
     m = mixers.build("tssa", 8, causal=True, max_len=12, n_heads=2).double().eval()
     h = torch.randn(3, 12, 8, dtype=torch.float64)

@@ -66,17 +66,6 @@ def tiny_mixer(name: str) -> mixers.Mixer:
     return m.double().eval()
 
 
-def available(flag: str | None = None) -> list[str]:
-    """Registered mixers whose module imports (others are still being written)."""
-    out = []
-    for n in mixers.names():
-        try:
-            cls = mixers.mixer_class(n)
-        except ImportError:
-            continue
-        if flag is None or getattr(cls, flag):
-            out.append(n)
-    return out
 
 
 @pytest.mark.parametrize("batched", [True, False])
@@ -104,11 +93,16 @@ def test_effective_attention_of_fixed_softmax_weights():
     mix = FixedMix(A, torch.eye(D, dtype=torch.float64))
     a = effective_attention(mix, torch.randn(1, L, D, dtype=torch.float64))
     torch.testing.assert_close(a[0], A * math.sqrt(D), atol=1e-12, rtol=0)
+    # row_stats over these rows against Su's S = mean(a) / sqrt(mean(a²)) of each row t over
+    # its t + 1 visible keys, written out here.
     stats = row_stats(a[:, None], causal=True, min_row_len=1)[0]
-    assert stats["S_mean"] == pytest.approx(su_sparsity(A, mask=A > 0).mean().item(), abs=1e-12)
+    by_hand = [A[t, : t + 1].mean() / A[t, : t + 1].pow(2).mean().sqrt() for t in range(L)]
+    assert stats["rows"] == L
+    assert stats["S_mean"] == pytest.approx(torch.stack(by_hand).mean().item(), abs=1e-12)
+    assert stats["S_onehot_mean"] == pytest.approx(sum(1 / math.sqrt(t + 1) for t in range(L)) / L, abs=1e-12)
 
 
-@pytest.mark.parametrize("name", available())
+@pytest.mark.parametrize("name", mixers.names())
 def test_batched_and_copies_equal_the_full_jacobian(name):
     m = tiny_mixer(name)
     x = torch.randn(1, 9, D, dtype=torch.float64)  # 9 > the chunk sizes above: crosses chunks
@@ -152,7 +146,7 @@ def test_softmax_jacobian_is_not_its_attention():
     assert (a_rows - A_rows).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("name", [n for n in ("softmax", "grassmann") if n in available()])
+@pytest.mark.parametrize("name", ["softmax", "grassmann"])
 def test_model_sparsity_rows(name):
     torch.manual_seed(0)
     model = CausalLM(LMConfig(arch=name, vocab_size=50, max_len=12, d_model=8, n_layers=2,

@@ -1,4 +1,4 @@
-"""Su's sparsity (REFERENCE.md §6): every closed form against numeric integration (1e-6)
+"""Su's sparsity (Su 2023, kexue.fm/archives/9889): every closed form against numeric integration (1e-6)
 and Monte Carlo (within 4 standard errors), and su_sparsity on rows whose S is known.
 
 Tolerances: quad runs at relative tolerance 1e-12, so the 1e-6 bound (the issue's) leaves
@@ -26,7 +26,8 @@ GRID = [(b, g) for b in (-2.0, -1.0, -0.3, 0.0, 0.5, 1.5, 3.0) for g in (0.2, 0.
 
 
 def su_relu2_verbatim(beta: float, gamma: float) -> float:
-    """REFERENCE.md §6.2 transcribed symbol for symbol (unstable for β/γ ≪ 0)."""
+    """Su's Mathematica formula for relu² (closed form 2 of the article) transcribed symbol for
+    symbol (unstable for β/γ ≪ 0)."""
     e = math.exp(-(beta**2) / (2 * gamma**2))
     erf1 = math.erf(beta / (math.sqrt(2) * gamma)) + 1
     num = e * (math.sqrt(2) * beta * gamma + math.sqrt(math.pi) / e * (beta**2 + gamma**2) * erf1)
@@ -49,8 +50,8 @@ def test_closed_form_equals_quadrature(kernel):
 def test_relu2_is_su_formula_and_known_values():
     for b, g in [(b, g) for b, g in GRID if abs(b / g) <= 3]:  # verbatim cancels beyond (6e-7 at -5)
         assert su.s_relu2(b, g) == pytest.approx(su_relu2_verbatim(b, g), rel=1e-10, abs=1e-14)
-    assert su.s_relu2(0.0, 1.3) == pytest.approx(1 / math.sqrt(6), abs=1e-15)  # REFERENCE: 1/√6
-    assert su.s_relu2(-1.0, 0.7) == pytest.approx(0.1374, abs=5e-5)  # REFERENCE's MC check
+    assert su.s_relu2(0.0, 1.3) == pytest.approx(1 / math.sqrt(6), abs=1e-15)  # M₂(0)/sqrt(M₄(0)) = (1/2)/sqrt(3/2)
+    assert su.s_relu2(-1.0, 0.7) == pytest.approx(0.1374, abs=5e-5)  # a 2M-sample Monte Carlo gives 0.1378
     # Stable far into the tail, where the verbatim form is 0/0; S → 0 only for β < 0.
     tail = su.s_relu2(np.array([-40.0, -20.0, -10.0]), 1.0)
     assert np.all(np.isfinite(tail)) and np.all(tail > 0) and np.all(np.diff(tail) > 0)
@@ -182,7 +183,7 @@ def test_decay_equals_the_explicit_row():
             if lam < 1:  # S = bound·sqrt(1-λⁿ): equal once λⁿ underflows
                 assert su.s_decay(lam, n) <= su.s_decay_bound(lam, n)
                 assert su.s_decay(lam, n) < su.s_decay_bound(lam, n) or lam**n < 1e-16
-    assert float(su.s_decay(0.9, 100)) == pytest.approx(0.43588, abs=5e-6)  # REFERENCE
+    assert float(su.s_decay(0.9, 100)) == pytest.approx(0.43588, abs=5e-6)  # Su's decay form at λ = 0.9, n = 100
     assert su.s_decay(0.9, 10**6) < 0.01  # λ < 1: S → 0 as n → ∞
 
 
@@ -201,10 +202,33 @@ def test_analytic_curves_table():
     rows = su.analytic_curves(cfg)
     assert all(set(r) == set(su.FIELDS) for r in rows)
     assert len(rows) == 3 * 2 * 4 + 2 * 2 + 1 * 3 * 1
-    S = np.array([r["S"] for r in rows])
-    assert np.all((S > 0) & (S <= 1 + 1e-12))
-    decay = [r for r in rows if r["kernel"] == "decay" and r["lambda"] == 1.0]
-    assert all(r["S"] == 1.0 for r in decay)
+    closed = [r for r in rows if r["method"] == "closed_form" and r["kernel"] != "decay"]
+    assert {(r["beta"], r["gamma"]) for r in closed} == {(b, g) for b in (-1.0, 0.0, 1.0) for g in (0.5, 1.5)}
+    # Each row holds the S of its kernel at its (β, γ), computed here without the closed
+    # forms: 1-D kernels by quadrature, elu+1 from quadrature moments of its features.
+    for r in closed:
+        b, g = r["beta"], r["gamma"]
+        if r["kernel"] == "elu1":
+            mean = _normal_expect(lambda x: float(su.elu1(x)), b / g, 1.0)
+            var = _normal_expect(lambda x: float(su.elu1(x)) ** 2, b / g, 1.0) - mean**2
+            q = np.ones(8)
+            q[0] = g + 1.0  # elu(‖q‖) + 1 along the query's axis, 1 on the others
+            ratio = np.linalg.norm(q) / q.sum()
+            expected = 1 / math.sqrt(1 + var / mean**2 * ratio**2)
+        else:
+            expected = su.s_quad(r["kernel"], b, g)
+        assert r["S"] == pytest.approx(expected, abs=1e-6), r
+        assert (r["n"], r["S_se"], r["rows"]) == (float("inf"), 0.0, 0)
+    # Decay rows: S of the explicit row (λ^{n-1}, ..., λ, 1).
+    decay = [r for r in rows if r["kernel"] == "decay"]
+    assert {(r["lambda"], r["n"]) for r in decay} == {(lam, n) for lam in (0.9, 1.0) for n in (4, 64)}
+    for r in decay:
+        a = r["lambda"] ** np.arange(r["n"] - 1, -1, -1, dtype=float)
+        assert r["S"] == pytest.approx(a.mean() / math.sqrt((a * a).mean()), abs=1e-12), r
+    mc = [r for r in rows if r["method"] == "monte_carlo"]
+    assert sorted(r["kernel"] for r in mc) == sorted(su.KERNELS)
+    assert all((r["beta"], r["gamma"], r["n"], r["rows"]) == (0.0, 1.0, 16, 10) for r in mc)
+    assert all(1 / math.sqrt(16) <= r["S"] <= 1 and r["S_se"] > 0 for r in mc)
 
 
 # --- su_sparsity ---------------------------------------------------------------------------
@@ -238,7 +262,6 @@ def test_su_sparsity_mask_dim_and_scale():
 def test_su_sparsity_matches_numpy_ratio():
     a = np.random.default_rng(0).exponential(size=1000)
     assert su_sparsity(torch.from_numpy(a)).item() == pytest.approx(su.ratio_estimate(a)[0], rel=1e-12)
-    assert special.ndtr(0.0) == 0.5  # scipy.special is what the closed forms use
 
 
 def test_cli_writes_the_curves_csv(tmp_path):

@@ -5,6 +5,7 @@ fails before any job runs."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -12,11 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
-
-from seqmix.config import load_config
-from seqmix.study import runs
 
 from .conftest import REPO, tiny_config
 
@@ -71,24 +70,97 @@ def full_run(tmp_path_factory, mirror):
     return src, work
 
 
+def read_macros(path: Path) -> dict[str, str]:
+    """{command name: body} of a generated macros file."""
+    return dict(re.findall(r"^\\newcommand\{\\(\w+)\}\{(.*)\}$", path.read_text(), re.M))
+
+
+def run_results(work: Path, row) -> tuple[dict, dict]:
+    """metrics.json and eval.json of a runs.csv row's run directory."""
+    run = work / row.run_dir
+    return json.loads((run / "metrics.json").read_text()), json.loads((run / "eval.json").read_text())
+
+
 def test_the_dag_builds_a_report_from_this_runs_results(full_run):
     src, work = full_run
     pdf = work / "paper" / "report.pdf"
     assert pdf.exists() and pdf.stat().st_size > 10_000
     text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True).stdout
-    runs_csv = (work / "results" / "summary" / "runs.csv").read_text()
-    assert runs_csv.count("\n") == 1 + 3 * 2  # header + (3 tasks x 2 archs x 1 seed)
+    runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
+    assert len(runs_csv) == 3 * 2  # 3 tasks x 2 archs x 1 seed
     # The quality table prints this run's parameter counts.
-    import pandas as pd
-
-    params = pd.read_csv(work / "results" / "summary" / "runs.csv").params
-    assert all(f"{p:,}" in text for p in params)
+    assert all(f"{p:,}" in text for p in runs_csv.params)
     assert "undefined" not in (work / "paper" / "report.log").read_text(errors="replace").lower()
     # Generated LaTeX spells math symbols as LaTeX, not as Unicode pdflatex cannot set.
     from seqmix.report.latex import UNICODE
 
-    for tex in (work / "paper" / "tables").glob("*.tex"):
+    tables = sorted((work / "paper" / "tables").glob("*.tex"))
+    assert len(tables) == sum(len(nb["tables"]) for nb in notebook_outputs().values())
+    for tex in tables:
         assert not set(tex.read_text()) & set(UNICODE), tex
+
+
+def test_runs_csv_holds_each_runs_own_evaluation(full_run):
+    # Every row against its run directory: the eval columns from the eval split, the test
+    # columns from the test split, never the other way round, never a stale number.
+    _, work = full_run
+    runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
+    for row in runs_csv.itertuples():
+        metrics, ev = run_results(work, row)
+        assert (row.task, row.arch, row.seed, row.status) == (metrics["task"], metrics["arch"], metrics["seed"], "ok")
+        assert (row.eval_split, row.test_split) == ("validation", "test")
+        for prefix, split in (("eval", "validation"), ("test", "test")):
+            result = ev["splits"][split]
+            assert getattr(row, f"{prefix}_value") == pytest.approx(result[metrics["metric"]], rel=1e-12)
+            assert getattr(row, f"{prefix}_loss") == pytest.approx(result["loss"], rel=1e-12)
+            assert getattr(row, f"{prefix}_scored") == result["scored"]
+        assert row.params == metrics["params"] and row.steps_completed == metrics["steps_completed"] == 6
+
+
+def test_the_reports_numbers_are_the_runs_numbers(full_run):
+    # The quality macros hold each run's test metric as eval.json has it (one seed: no
+    # interval), formatted as the report prints it: perplexity to 0.1, accuracy to 0.001.
+    from seqmix.report.latex import macro_name
+
+    _, work = full_run
+    macros = read_macros(work / "paper" / "tables" / "quality-macros.tex")
+    runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
+    for row in runs_csv.itertuples():
+        metrics, ev = run_results(work, row)
+        value = ev["splits"]["test"][metrics["metric"]]
+        expected = f"{value:.1f}" if metrics["metric"] == "ppl" else f"{value:.3f}"
+        assert macros[macro_name("q", f"{row.task}-{row.arch}-test")] == expected, (row.task, row.arch)
+    assert macros["qNumRuns"] == "6" and macros["qNumArchs"] == "2" and macros["qNumSeeds"] == "1"
+
+
+def test_the_claims_table_is_the_evaluator_on_this_runs_results(full_run):
+    from seqmix.report.claims import evaluate_claims, load_claims
+    from seqmix.report.latex import escape, macro_name
+
+    src, work = full_run
+    claims_file = src / "paper" / "claims.yaml"
+    macros = read_macros(work / "paper" / "tables" / "claims-macros.tex")
+    claims = evaluate_claims(claims_file, work / "results")
+    assert macros["clNumClaims"] == str(len(claims)) == str(len(load_claims(claims_file)))
+    for r in claims.itertuples():
+        assert macros[macro_name("cl", f"{r.id}-ours")] == escape(r.ours), r.id
+        assert macros[macro_name("cl", f"{r.id}-verdict")] == r.verdict, r.id
+    # ... and the Grassmann gap is this run's: 100 (ppl_grassmann / ppl_softmax - 1) on the
+    # claim's split, from the two runs' eval.json (one seed: the value itself).
+    gap = {c["id"]: c for c in load_claims(claims_file)}["grassmann-wikitext-gap"]
+    runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
+    split = "validation" if gap.get("split", "test") == "eval" else "test"
+    ppl = {}
+    for row in runs_csv[runs_csv.task == gap["task"]].itertuples():
+        ppl[row.arch] = run_results(work, row)[1]["splits"][split]["ppl"]
+    value = 100 * (ppl[gap["arch"]] / ppl[gap["baseline"]] - 1)
+    row = claims.set_index("id").loc["grassmann-wikitext-gap"]
+    assert row.value == pytest.approx(value, rel=1e-9) and row.ours == f"{value:.3g}"
+    assert row.verdict == "not testable"  # a tiny run is not the claim's scale
+
+
+def notebook_outputs() -> dict:
+    return yaml.safe_load((REPO / "notebooks" / "outputs.yaml").read_text())
 
 
 def test_the_html_report_shows_every_figure_of_the_run(full_run):
@@ -96,8 +168,11 @@ def test_the_html_report_shows_every_figure_of_the_run(full_run):
     html = work / "paper" / "report.html"
     snakemake(src, work, "--report", str(html), "--configfile", str(work / "tiny.yaml"))
     text = html.read_text(errors="replace")
-    for fig in (work / "paper" / "figures").glob("*.pdf"):
-        assert fig.name in text, f"{fig.name} missing from the HTML report"
+    figures = [f"{f}.pdf" for nb in notebook_outputs().values() for f in nb["figures"]]
+    assert figures, "outputs.yaml lists no figure?"
+    for name in figures:
+        assert (work / "paper" / "figures" / name).exists(), f"{name} was not produced"
+        assert name in text, f"{name} missing from the HTML report"
     assert "report.pdf" in text
 
 
@@ -121,11 +196,52 @@ def test_editing_a_notebook_reruns_only_that_notebook(full_run):
     assert planned_jobs(everything) == {"notebook_complexity": 1, "report": 1, "all": 1}
 
 
-def test_dry_run_lists_one_train_job_per_run_of_the_quick_config(tmp_path):
+def implied_runs(raw: dict) -> int:
+    """Runs a config file trains, counted from the file itself: per task, its (or the
+    study's) architectures, without the non-causal-only ones on a language-model task,
+    times its sweep's grid points, times its (or the study's) seeds."""
+    from seqmix import catalogue
+    from seqmix.tasks import task_class
+
+    total = 0
+    for name, section in raw["tasks"].items():
+        archs = section.get("architectures") or raw["architectures"]
+        if task_class(name.split("/")[0]).is_language_model:
+            archs = [a for a in archs if catalogue.mixer_entry(a).causal]
+        points = math.prod(len(values) for values in (section.get("sweep") or {}).values())
+        total += len(archs) * points * len(section.get("seeds") or raw["seeds"])
+    return total
+
+
+def dry_run_jobs(src: Path, work: Path, config: Path) -> dict[str, int]:
+    return planned_jobs(snakemake(src, work, "-n", "--configfile", str(config)))
+
+
+def test_dry_run_plans_the_jobs_a_config_implies(tmp_path):
+    # Counted by hand: mqar trains softmax and grassmann (linformer has no causal form) x 3
+    # seeds = 6; its variant one architecture x a 2 x 2 sweep x 1 seed = 4; snli all three
+    # architectures x 3 seeds = 9.
     src = copy_workflow(tmp_path / "src")
-    proc = snakemake(src, tmp_path, "-n", "--configfile", str(REPO / "config" / "config.yaml"))
-    expected = len(runs(load_config(REPO / "config" / "config.yaml")))
-    assert planned_jobs(proc)["train"] == expected
+    cfg = {"architectures": ["softmax", "grassmann", "linformer"], "seeds": [0, 1, 2],
+           "tasks": {"mqar": {}, "mqar/v": {"architectures": ["softmax"], "seeds": [0],
+                                            "sweep": {"model.d_model": [8, 16], "train.lr": [1e-3, 3e-3]}},
+                     "snli": {}},
+           "analysis": {"sparsity": {"tasks": ["mqar"]}, "geometry": {"task": "mqar"}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    jobs = dry_run_jobs(src, tmp_path, tmp_path / "c.yaml")
+    assert jobs["train"] == jobs["eval"] == 6 + 4 + 9 == implied_runs(cfg)
+    assert jobs["data_task"] == 3 and jobs["data_tokenizer"] == 1  # one data directory per task as written
+    assert all(jobs[f"notebook_{name}"] == 1 for name in notebook_outputs())
+    assert jobs["collect"] == jobs["report"] == jobs["all"] == 1
+
+
+def test_dry_run_of_the_quick_config_trains_what_it_says(tmp_path):
+    src = copy_workflow(tmp_path / "src")
+    config = REPO / "config" / "config.yaml"
+    jobs = dry_run_jobs(src, tmp_path, config)
+    raw = yaml.safe_load(config.read_text())
+    assert jobs["train"] == jobs["eval"] == implied_runs(raw)
+    assert jobs["data_task"] == len(raw["tasks"])
 
 
 def test_a_bad_config_fails_before_any_job_naming_the_key(tmp_path):

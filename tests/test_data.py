@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -53,24 +52,23 @@ def test_mqar_rejects_impossible_settings():
                          "architectures": ["softmax"], "seeds": [0]})
 
 
-def test_corrupted_mirror_file_names_the_file_and_its_sha256(tmp_path, mirror):
-    fake = tmp_path / "mirror"
-    shutil.copytree(mirror / "snli", fake / "snli")
-    target = fake / "snli" / "dev.jsonl.gz"
-    target.chmod(0o644)
-    with gzip.open(target, "ab") as f:
+def test_corrupted_mirror_file_names_the_file_and_its_sha256(tmp_path):
+    # Any bytes but the official file's: no real mirror needed.
+    target = tmp_path / "mirror" / "snli" / "dev.jsonl.gz"
+    target.parent.mkdir(parents=True)
+    with gzip.open(target, "wb") as f:
         f.write(b'{"premise": "x", "hypothesis": "y", "label": "neutral"}\n')
-    source = resolve_source(DataSpec(mirror=str(fake), source="mirror"))
+    source = resolve_source(DataSpec(mirror=str(tmp_path / "mirror"), source="mirror"))
     expected = RAW_FILES[("snli", "validation")].sha256
     with pytest.raises(DataError, match=rf"{target}.*expected {expected}"):
         mirror_file(source, "snli", "validation")
 
 
-def test_missing_snli_train_explains_the_subset(tmp_path, mirror):
-    source = resolve_source(DataSpec(mirror=str(mirror), source="mirror"))
-    if (mirror / "snli" / "train.jsonl.gz").exists():
-        pytest.skip("this mirror has the full SNLI train split")
-    with pytest.raises(DataError, match="train_sample_1pct"):
+def test_missing_snli_train_explains_the_subset(tmp_path):
+    # A mirror laid out like shared/data, which holds SNLI train's subsets but not the split.
+    (tmp_path / "mirror" / "snli").mkdir(parents=True)
+    source = resolve_source(DataSpec(mirror=str(tmp_path / "mirror"), source="mirror"))
+    with pytest.raises(DataError, match=r"snli/train\.jsonl\.gz(?s:.*)train_sample_1pct"):
         mirror_file(source, "snli", "train")
 
 

@@ -45,7 +45,8 @@ def test_plucker_identities():
     (6, 13_001_920, True), (12, 18_156_928, True), (6, 12_607_168, False),
 ])
 def test_paper_parameter_counts(layers, expected, out_proj):
-    # REFERENCE.md §1.5: V=30,522, d=256, 128 positions, tied embeddings, r=32.
+    # Zhang 2025, arXiv:2512.19428, §4.1 and Tables 1-2: V=30,522, d=256, 128 positions, tied embeddings, r=32
+    # (the reconciliation of the counts: src/seqmix/mixers/grassmann.py).
     with torch.device("meta"):
         m = CausalLM(LMConfig(arch="grassmann", vocab_size=30522, max_len=128, n_layers=layers,
                               mixer_options={"out_proj": out_proj}))

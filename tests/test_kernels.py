@@ -70,7 +70,7 @@ def check(kernel_fn, ref_fn, inputs: list[torch.Tensor], names: list[str], seed:
 
 
 # --------------------------------------------------------------------------------------
-# Causal Grassmann (REFERENCE.md §1.2-1.3)
+# Causal Grassmann (Zhang 2025, arXiv:2512.19428, §3.2; causal pairing t - Δ)
 # --------------------------------------------------------------------------------------
 
 GRASSMANN_CASES = [
@@ -142,7 +142,7 @@ def test_grassmann_paper_rank():
 
 
 # --------------------------------------------------------------------------------------
-# Chunked GLA (REFERENCE.md §5.1)
+# Chunked GLA (Yang et al. 2024, arXiv:2312.06635)
 # --------------------------------------------------------------------------------------
 
 GLA_CASES = [
@@ -175,7 +175,7 @@ def test_chunk_gla_rejects_bad_chunk():
 
 
 # --------------------------------------------------------------------------------------
-# TSSA (REFERENCE.md §2.2, §2.3)
+# TSSA (Wu et al. 2025, arXiv:2412.17810; official code's non-causal and causal forms)
 # --------------------------------------------------------------------------------------
 
 TSSA_CASES = [

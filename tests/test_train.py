@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -12,12 +13,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from seqmix.config import validate_config
 from seqmix.models.budget import solve_budget
 from seqmix.study import run_spec
+from seqmix.tasks import make_task
 from seqmix.train.evaluate import evaluate_run
 from seqmix.train.loop import LOG_FIELDS, train
 
@@ -31,9 +34,32 @@ def spec_for(prepared: dict, task: str, arch: str, root: Path, **train_overrides
     return run_spec(validate_config(cfg), task, arch, 0)
 
 
+# What the tiny config's final evaluation scores on each split: WikiText-2 stops at its cap
+# (eval_max_tokens 256 = 16 windows of 16), SNLI at eval_max_examples 32, MQAR scores the
+# whole split (16 test examples x 2 queries).
+SCORED = {"wikitext2": {"validation": 256, "test": 256}, "snli": {"validation": 32, "test": 32},
+          "mqar": {"validation": 32, "test": 32}}
+
+
+def prepared_for(request, task: str) -> dict:
+    """MQAR needs no mirror; the other tasks use the mirror's data."""
+    return request.getfixturevalue("prepared_mqar" if task == "mqar" else "prepared")
+
+
+def check_evaluation(result: dict, metric: str, scored: int, split_size: int) -> None:
+    """One split's evaluation: what it scored, and metrics consistent with its loss."""
+    assert result["scored"] == scored and result["split_size"] == split_size
+    assert math.isfinite(result["loss"]) and result["loss"] >= 0
+    if metric == "ppl":
+        assert result["ppl"] == pytest.approx(math.exp(result["loss"]), rel=1e-12) and result["ppl"] >= 1
+    else:
+        correct = result[metric] * scored
+        assert 0 <= result[metric] <= 1 and correct == pytest.approx(round(correct), abs=1e-6)
+
+
 @pytest.mark.parametrize("task", ["mqar", "wikitext2", "snli"])
-def test_a_run_writes_its_results(prepared, tmp_path, task):
-    spec = spec_for(prepared, task, "grassmann", tmp_path)
+def test_a_run_writes_its_results(request, tmp_path, task):
+    spec = spec_for(prepared_for(request, task), task, "grassmann", tmp_path)
     metrics = train(spec, progress=False)
     run = Path(spec.run_dir)
     for name in ("metrics.json", "log.csv", "config.json", "provenance.json", "model.pt"):
@@ -47,9 +73,36 @@ def test_a_run_writes_its_results(prepared, tmp_path, task):
     prov = json.loads((run / "provenance.json").read_text())
     assert prov["seed"] == 0 and prov["packages"]["torch"] and prov["device"]["type"] == "cpu"
     ev = evaluate_run(run, device="cpu")
-    split = "validation"
-    assert ev["splits"][split][metrics["metric"]] is not None
-    assert set(ev["splits"]) == {split, "test"}
+    assert set(ev["splits"]) == {"validation", "test"} == set(SCORED[task])
+    sizes = split_sizes(spec)
+    for split, result in ev["splits"].items():
+        check_evaluation(result, metrics["metric"], SCORED[task][split], sizes[split])
+
+
+def split_sizes(spec) -> dict[str, int]:
+    """Scored units of each held-out split, counted from the prepared files (not by the task)."""
+    data = Path(spec.data_dir)
+    if spec.kind == "wikitext2":
+        return {s: len(np.load(data / f"{s}.npy")) - 1 for s in ("validation", "test")}
+    if spec.kind == "snli":
+        return {s: int((np.load(data / f"{s}.npz")["labels"] >= 0).sum()) for s in ("validation", "test")}
+    return {s: int((np.load(data / f"{s}.npz")["labels"] != -100).sum()) for s in ("validation", "test")}
+
+
+@pytest.mark.parametrize("task", ["mqar", "wikitext2", "snli"])
+def test_an_uncapped_evaluation_scores_the_whole_split(request, tmp_path, task):
+    # The final evaluation of the paper profile: no cap, every scored unit of the split once.
+    # An untrained model is enough: what is scored does not depend on the weights.
+    cfg = copy.deepcopy(prepared_for(request, task))
+    cfg["results_dir"] = str(tmp_path)
+    cfg["tasks"][task].pop("eval_max_tokens", None)
+    cfg["tasks"][task].pop("eval_max_examples", None)
+    spec = run_spec(validate_config(cfg), task, "softmax", 0)
+    t = make_task(spec)
+    model = t.build_model(16, 1).eval()
+    sizes = split_sizes(spec)
+    for split in ("validation", "test"):
+        check_evaluation(t.evaluate(model, split, 512, "cpu"), t.metric, sizes[split], sizes[split])
 
 
 def _run_cli(spec: dict) -> subprocess.Popen:
@@ -58,11 +111,11 @@ def _run_cli(spec: dict) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_a_killed_run_resumes_and_ends_like_an_uninterrupted_one(prepared, tmp_path):
+def test_a_killed_run_resumes_and_ends_like_an_uninterrupted_one(prepared_mqar, tmp_path):
     # Long enough to be killed after its first checkpoint and before its end.
     settings = dict(steps=400, checkpoint_every=20, eval_every=100, log_every=20)
-    killed = spec_for(prepared, "mqar", "softmax", tmp_path / "killed", **settings)
-    clean = spec_for(prepared, "mqar", "softmax", tmp_path / "clean", **settings)
+    killed = spec_for(prepared_mqar, "mqar", "softmax", tmp_path / "killed", **settings)
+    clean = spec_for(prepared_mqar, "mqar", "softmax", tmp_path / "clean", **settings)
     ckpt = Path(killed.run_dir) / "checkpoints" / "last.pt"
 
     proc = _run_cli(killed)
@@ -93,8 +146,8 @@ def test_a_killed_run_resumes_and_ends_like_an_uninterrupted_one(prepared, tmp_p
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_diverging_run_is_recorded_and_exits_cleanly(prepared, tmp_path):
-    spec = spec_for(prepared, "mqar", "softmax", tmp_path, lr=1e6, grad_clip=0.0, steps=40, warmup_steps=0)
+def test_a_diverging_run_is_recorded_and_exits_cleanly(prepared_mqar, tmp_path):
+    spec = spec_for(prepared_mqar, "mqar", "softmax", tmp_path, lr=1e6, grad_clip=0.0, steps=40, warmup_steps=0)
     proc = _run_cli(spec)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -160,3 +213,32 @@ def test_mqar_query_distance_points_at_the_key():
     assert len(d) == 50 * 4 and bool((d >= 2).all())
     assert torch.equal(x[rows, cols - d], x[rows, cols])  # the token d back is the queried key
     assert bool(((cols - d) < 2 * 4).all())  # ... and it lies in the context
+
+
+def test_collect_writes_each_runs_own_evaluation(prepared_mqar, tmp_path):
+    # runs.csv against the run directory it names: eval columns from the eval split, test
+    # columns from the test split, and breakdown.csv summing to what was scored.
+    import pandas as pd
+
+    from seqmix.report.collect import collect
+
+    spec = spec_for(prepared_mqar, "mqar", "softmax", tmp_path, steps=30, eval_every=15, checkpoint_every=15)
+    train(spec, progress=False)
+    ev = evaluate_run(spec.run_dir, device="cpu")
+    assert ev["splits"]["validation"]["loss"] != ev["splits"]["test"]["loss"]  # else a swap could not show
+    out, breakdown = tmp_path / "runs.csv", tmp_path / "breakdown.csv"
+    assert collect([Path(spec.run_dir)], out, breakdown) == 1
+    row = pd.read_csv(out).iloc[0]
+    assert (row.task, row.arch, row.seed, row.status) == ("mqar", "softmax", 0, "ok")
+    for prefix, split in (("eval", "validation"), ("test", "test")):
+        assert row[f"{prefix}_split"] == split
+        result = ev["splits"][split]
+        assert row[f"{prefix}_value"] == pytest.approx(result["accuracy"], rel=1e-12)
+        assert row[f"{prefix}_loss"] == pytest.approx(result["loss"], rel=1e-12)
+        assert row[f"{prefix}_scored"] == result["scored"] == 32
+    metrics = json.loads((Path(spec.run_dir) / "metrics.json").read_text())
+    assert (row.params, row.steps_completed, row.lr) == (metrics["params"], 30, 3e-3)
+    table = pd.read_csv(breakdown)
+    for split, part in table.groupby("split"):
+        assert part.scored.sum() == ev["splits"][split]["scored"]
+        assert part.correct.sum() == round(ev["splits"][split]["accuracy"] * ev["splits"][split]["scored"])

@@ -36,7 +36,7 @@ def assert_all_close(xs, ys, atol, rtol=0.0):
         torch.testing.assert_close(x, y, atol=atol, rtol=rtol)
 
 
-# ----------------------------------------------------------------------------- GLA (§5.1)
+# ----------------------------------------------------------------------------- GLA (Yang et al. 2024)
 
 
 def gla_inputs(B, H, L, Dk, Dv, gate: str, dtype=F64, seed=0):
@@ -118,7 +118,7 @@ def test_gla_mixer_shapes_and_gate_range():
     assert alpha.min() > 0.5 and alpha.max() < 1
 
 
-# ----------------------------------------------------------------------------- Mamba (§5.3)
+# ----------------------------------------------------------------------------- Mamba (Gu & Dao 2023)
 
 
 def scan_inputs(Bt, D, N, L, dtype=F64, seed=0, strong=False):
@@ -176,7 +176,7 @@ def test_linear_scan_leaves_its_inputs_untouched():
     assert torch.equal(a, a0) and torch.equal(b, b0)
 
 
-# ----------------------------------------------------------------------------- H3 (§5.2)
+# ----------------------------------------------------------------------------- H3 (Fu et al. 2023)
 
 
 @pytest.mark.parametrize("L", [1, 2, 17])
@@ -231,7 +231,7 @@ def test_h3_fp32_forward_matches_fp64_recurrence():
     torch.testing.assert_close(m.float()(x), ref, atol=1e-4, rtol=1e-4)
 
 
-# ----------------------------------------------------------------------------- TSSA (§2.2-2.3)
+# ----------------------------------------------------------------------------- TSSA (Wu et al. 2025)
 
 
 def tssa_inputs(B=2, H=3, L=11, p=4, L_max=16, seed=0):
@@ -243,7 +243,7 @@ def tssa_inputs(B=2, H=3, L=11, p=4, L_max=16, seed=0):
 
 
 def test_causal_tssa_equals_per_position_definition():
-    # §2.3 written position by position with explicit sums over s ≤ t (no cumsum).
+    # The causal form written position by position with explicit sums over s ≤ t (no cumsum).
     w, temp, b = tssa_inputs()
     B, H, L, p = w.shape
     y = torch.empty_like(w)
@@ -261,7 +261,7 @@ def test_causal_tssa_equals_per_position_definition():
 
 def test_noncausal_tssa_equals_vision_definition_and_is_permutation_equivariant():
     w, temp, _ = tssa_inputs()
-    # §2.2: Π from w normalised over tokens, π̃ = Π / Σ Π, dots = Σ_j π̃_j w_j².
+    # Non-causal: Π from w normalised over tokens, π̃ = Π / Σ Π, dots = Σ_j π̃_j w_j².
     Pi = torch.softmax(temp[:, None] * ((w / w.norm(dim=2, keepdim=True)) ** 2).sum(-1), dim=1)
     dots = ((Pi / (Pi.sum(-1, keepdim=True) + 1e-8))[..., None] * w**2).sum(2, keepdim=True)
     expected = -Pi[..., None] * w / (1 + dots)
@@ -274,7 +274,8 @@ def test_noncausal_tssa_equals_vision_definition_and_is_permutation_equivariant(
 
 
 def test_causal_and_noncausal_memberships_agree_at_the_last_token():
-    # REFERENCE.md §9.6: prefix sums of w² at t = L are the squared column norms.
+    # The causal form's prefix sums of w² at t = L are the squared column norms the
+    # non-causal form normalises by.
     w, temp, b = tssa_inputs()
     causal = tssa_membership(w, temp, torch.zeros_like(b), causal=True)
     full = tssa_membership(w, temp, None, causal=False)
@@ -293,7 +294,7 @@ def test_tssa_needs_max_len_when_causal():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_tssa_compression_term_bounds_the_exact_coding_rate(causal):
-    # §2.1: R_c^var ≥ R_c, because logdet(I + M) ≤ Σ_i log(1 + M_ii) for M ⪰ 0, with the
+    # ToST §3: R_c^var ≥ R_c, because logdet(I + M) ≤ Σ_i log(1 + M_ii) for M ⪰ 0, with the
     # same Π and scale d / (n_k ε²); and it is the stated per-head formula.
     torch.manual_seed(0)
     d, H, L, eps = 12, 3, 10, 0.5

@@ -1,6 +1,7 @@
 """Geometry of the trained attention-free mixers on held-out text: for the Causal Grassmann
-layer (REFERENCE.md §1.2-1.3) the Plücker features it uses and the 2-planes it moves
-through; for ToST's TSSA (§2.1) the variational compression term it descends.
+layer (Zhang 2025, arXiv:2512.19428, §3.2) the Plücker features it uses and the 2-planes it moves
+through; for ToST's TSSA (Wu et al. 2025, arXiv:2412.17810, §3) the variational
+compression term it descends.
 
 Per Grassmann layer, with h the hidden state the layer's mixer received (captured while the
 model reads held-out sequences) and z_t = W_red h_t + b_red ∈ R^r its reduced tokens:
@@ -12,11 +13,11 @@ model reads held-out sequences) and z_t = W_red h_t + b_red ∈ R^r its reduced 
     mixer's own ``plucker`` in the model's dtype; its residual is the rounding level
     (≈1e-7 in fp32): the per-offset features do lie on the Grassmannian.
   * ``plucker_residual_used``: p̄(t) = mean_{Δ ∈ W_t} p̂^Δ(t), the vector the layer actually
-    feeds to W_plü (§1.2 step 4). A mean of points of Gr(2, r) is in general off it, but
+    feeds to W_plü (the paper's §3.2 averages the projections). A mean of points of Gr(2, r) is in general off it, but
     here every plane at position t contains z_t, and the wedge product is bilinear:
     p̄(t) = z_t ∧ w_t with w_t = mean_Δ z_{t−Δ} / max(‖z_t ∧ z_{t−Δ}‖, ε). So the used
     feature still encodes exactly one plane, span(z_t, w_t), and this residual is also at
-    the rounding level; a value well above it would mean the layer is not what §1.2 says.
+    the rounding level; a value well above it would mean the layer is not what §3.2 says.
   Statistics: max and mean over positions t (those with at least one valid offset),
   sequences and quadruples (all C(r,4) of them, or ``max_quadruples`` drawn at random).
 - ``pair_angle``: the angle between z_t and z_{t−Δ}, in degrees, in [0°, 180°]; the plane
@@ -33,7 +34,7 @@ model reads held-out sequences) and z_t = W_red h_t + b_red ∈ R^r its reduced 
   over the layer's offsets (offset = 0).
 Comparing layers shows how the geometry drifts with depth.
 
-Per TSSA layer: ``compression_term``: R_c^var(Z, Π | U) of §2.1, summed over heads, from
+Per TSSA layer: ``compression_term``: R_c^var(Z, Π | U) (the variational bound of ToST's §3), summed over heads, from
 the mixer's ``compression_term(h, eps)`` on the layer's own input (its U_k, its memberships
 Π), in nats; statistics mean and std over sequences.
 

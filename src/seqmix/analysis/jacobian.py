@@ -1,7 +1,7 @@
 """Effective attention of any mixer: how much each output position depends on each input
 position, a_{t,s} = ‖∂y_t/∂x_s‖_F, from the mixer's Jacobian on real inputs.
 
-This puts every mixer on the axis Su's sparsity measures (REFERENCE.md §6): mixers without
+This puts every mixer on the axis Su's sparsity measures (Su 2023, kexue.fm/archives/9889): mixers without
 a score matrix (grassmann, mamba, h3, tssa, crate ...) get a row of non-negative weights per
 query position t. For a causal mixer a_{t,s} = 0 for s > t exactly, so S is taken over the
 visible part s ≤ t of each row.

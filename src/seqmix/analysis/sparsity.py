@@ -1,4 +1,4 @@
-"""Su's sparsity of attention rows (REFERENCE.md §6): S(x) = E[x] / sqrt(E[x²]) of a row of
+"""Su's sparsity of attention rows (Su 2023, kexue.fm/archives/9889): S(x) = E[x] / sqrt(E[x²]) of a row of
 non-negative scores. S = 1 for a constant row and 1/sqrt(n) for a one-hot row of length n;
 smaller is more concentrated. Measured here on trained models, on held-out sequences, in
 two ways (the ``kind`` column):

@@ -1,10 +1,11 @@
-"""Su's sparsity of attention rows in closed form (REFERENCE.md §6), with the two checks
-each closed form must pass: numeric integration and Monte Carlo.
+"""Su's sparsity of attention rows in closed form (Su Jianlin, "Can attention mechanisms
+really concentrate attention?", kexue.fm/archives/9889, 2023), with the two checks each
+closed form must pass: numeric integration and Monte Carlo.
 
 For a row of weights a_j ∝ f(q·k_j) with keys k = μ + σε, ε ~ N(0, I), and n → ∞,
 isotropy reduces Su's S(a) = E|a| / sqrt(E a²) to a 1-D integral over ε ~ N(0, 1):
 
-    S = E_ε|f(β + γε)| / sqrt(E_ε f²(β + γε)),   β = q·μ,  γ = σ‖q‖        (§6)
+    S = E_ε|f(β + γε)| / sqrt(E_ε f²(β + γε)),   β = q·μ,  γ = σ‖q‖
 
 Closed forms implemented here (one function each):
 
@@ -25,7 +26,7 @@ Closed forms implemented here (one function each):
 Su's remark on ‖q̃‖₂/‖q̃‖₁, re-derived: for q̃ ∈ R^d_{≥0} \\ {0}, Cauchy-Schwarz gives
 ‖q̃‖₁ ≤ √d ‖q̃‖₂ and ‖q̃‖₂ ≤ ‖q̃‖₁, so 1/√d ≤ ‖q̃‖₂/‖q̃‖₁ ≤ 1, the lower bound attained by a
 uniform q̃ and the upper by a one-hot q̃. √d is the maximum of the *inverse* ratio; the
-article's "max √d" is inverted (REFERENCE.md §9.9). Consequence for the iid case:
+article's "max √d" is inverted. Consequence for the iid case:
 1/sqrt(1 + (σ̃/μ̃)²) ≤ S ≤ 1/sqrt(1 + (σ̃/μ̃)²/d). The floor does not depend on d or on the
 query: only a large key-feature spread σ̃/μ̃ (sparse, mostly-zero features) lets
 non-negative linear attention concentrate. ``ratio_bounds`` states it; a test checks it.
@@ -66,7 +67,7 @@ SQRT_2PI = math.sqrt(2.0 * math.pi)
 
 
 # ---------------------------------------------------------------------------------------
-# Closed forms (REFERENCE.md §6)
+# Closed forms (Su 2023; derivations in the module docstring)
 # ---------------------------------------------------------------------------------------
 
 

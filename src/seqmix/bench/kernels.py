@@ -5,7 +5,7 @@
 What is timed (the mixing cores only, no projections, batch ``--batch``, ``--dtype``):
 
 - ``grassmann``: z (B, L, r=32) -> g (B, L, d=256), offsets (1, 2, 4, 8, 12, 16), normalised
-  (the paper's sizes, REFERENCE.md §1.2); impls ``triton`` (kernels.grassmann) and
+  (the paper's sizes, Zhang 2025, arXiv:2512.19428, §3.2 and §4.1); impls ``triton`` (kernels.grassmann) and
   ``reference`` (mixers.grassmann.grassmann_mix_reference).
 - ``gla``: the GLA mixer's defaults at d=256 (4 heads, d_k = 32 and d_v = 64 per head, chunk
   64); impls ``triton`` (kernels.gla.chunk_gla), ``reference``

@@ -1,4 +1,4 @@
-"""The tokenizer of the Grassmann paper (REFERENCE.md §1.5): a BERT-style WordPiece
+"""The tokenizer of the Grassmann paper (Zhang 2025, arXiv:2512.19428, §4.1): a BERT-style WordPiece
 vocabulary of ~30,522. Online: bert-base-uncased's own. Offline: one of the configured
 size trained with Hugging Face `tokenizers` on the WikiText-2 training split, with the
 same normalisation (lower-case, accent stripping) and special tokens."""

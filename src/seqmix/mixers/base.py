@@ -44,13 +44,13 @@ class Mixer(nn.Module):
     has_scores: ClassVar[bool] = False
     has_step: ClassVar[bool] = False
     # The Grassmann layer blends its input into its output itself (a gate, not a residual);
-    # the block then skips its own residual around the mixer (REFERENCE.md §1.2 step 5).
+    # the block then skips its own residual around the mixer (Zhang 2025, arXiv:2512.19428, §3.2, gated fusion).
     residual_in_mixer: ClassVar[bool] = False
     # A mixer that replaces the block's feed-forward (CRATE's ISTA) names a module class
     # taking (d_model, d_ff, dropout); None keeps the block's GELU MLP.
     feedforward: ClassVar[Any] = None
     # False when that feed-forward's output replaces the stream instead of being added to it
-    # (CRATE's ISTA step, REFERENCE.md §3); the block then drops its residual around it.
+    # (CRATE's ISTA step, Yu et al. 2023, arXiv:2306.01129); the block then drops its residual around it.
     feedforward_residual: ClassVar[bool] = True
 
     def __init__(self, d_model: int, options: Any, *, causal: bool = True, max_len: int | None = None):
@@ -93,7 +93,7 @@ class Mixer(nn.Module):
 class HeadProjections:
     """Mixin for the attention-style mixers (softmax, linear, performer, sliding window,
     BigBird): Q, K, V and output projections d → d with bias, as in the paper's
-    Transformer (REFERENCE.md §1.5), split into ``n_heads`` heads of ``d_head``."""
+    Transformer (Zhang 2025, arXiv:2512.19428, §4.1), split into ``n_heads`` heads of ``d_head``."""
 
     def init_projections(self, d_model: int, n_heads: int, bias: bool) -> None:
         if d_model % n_heads:

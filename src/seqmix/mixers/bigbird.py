@@ -1,4 +1,4 @@
-"""BigBird block-sparse attention: window + global + random (Zaheer et al. 2020; REFERENCE.md §4.5).
+"""BigBird block-sparse attention: window + global + random (Zaheer et al. 2020, arXiv:2007.14062).
 
 The sequence is cut into blocks of b tokens (``block_size``). Query block β attends, with
 softmax over the union, to the key blocks
@@ -14,7 +14,7 @@ random blocks are fixed per layer: those of query block β are a function of (se
 drawn from a generator seeded with both, so the causal pattern of a block does not depend
 on how long the sequence is (the seed is a buffer, saved with the model).
 
-Choices where REFERENCE.md leaves room:
+Choices where the paper and its code (google-research/bigbird) leave room:
 - block size 8 by default, not the reference's 64: a query sees about g + 2 + r = 6 blocks,
   so with b = 64 the pattern is dense for every L ≤ 384, i.e. at every length this study
   trains at (64 quick, 128-256 paper); with b = 8 it is sparse from L = 64 on;

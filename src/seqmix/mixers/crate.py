@@ -1,4 +1,4 @@
-"""CRATE: white-box transformer, MSSA + ISTA (Yu et al. 2023; REFERENCE.md §3).
+"""CRATE: white-box transformer, MSSA + ISTA (Yu et al. 2023, NeurIPS, arXiv:2306.01129).
 
 Each layer is one step of sparse rate reduction, Z^{ℓ+1} = ISTA(Z^ℓ + MSSA(Z^ℓ)):
 
@@ -48,7 +48,7 @@ class CrateOptions:
 
 
 class ISTA(nn.Module):
-    """One ISTA step with a complete dictionary D ∈ R^{d×d} (REFERENCE.md §3):
+    """One ISTA step with a complete dictionary D ∈ R^{d×d} (Ma-Lab-Berkeley/CRATE ``FeedForward``):
     ReLU(x + η(Dᵀx − DᵀDx) − ηλ). Row vectors: Dx is ``x @ Dᵀ``, Dᵀx is ``x @ D``."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, step_size: float = 0.1, lambd: float = 0.1):

@@ -1,4 +1,4 @@
-"""Gated linear attention, GLA (Yang et al., ICML 2024; REFERENCE.md §5.1, fla defaults).
+"""Gated linear attention, GLA (Yang et al., ICML 2024, arXiv:2312.06635; fla defaults).
 
 Linear attention whose d_k × d_v state forgets along the key dimension with a
 data-dependent gate α_t ∈ (0, 1]^{d_k}, per head:
@@ -16,12 +16,12 @@ Two functions form the kernel interface (shapes (B, H, L, Dk) for q, k, log_alph
 
 - ``gla_recurrent_reference``: the token-by-token recurrence (fla ``naive_recurrent_gla``),
   the specification.
-- ``gla_chunk_reference``: the chunkwise-parallel form of §5.1, used by ``forward`` on the
+- ``gla_chunk_reference``: the paper's chunkwise-parallel form, used by ``forward`` on the
   CPU (on a GPU ``forward`` calls the Triton kernel ``seqmix.kernels.gla.chunk_gla``). With
   b_t the cumulative gate from the chunk start, the state is carried across chunks,
       S_[n] = γ_n S_[n-1] + (K_[n] ⊙ Γ_[n])ᵀ V_[n],   O_[n] = (Q_[n] ⊙ Λ_[n]) S_[n-1] + intra,
   and inside a chunk the masked product (Q ⊙ Λ)(K / Λ)ᵀ is formed by *secondary chunking*
-  (§5.1, fla ``chunk.py``): sub-chunks of 16 tokens; between sub-chunks I > J the decay is
+  (the paper's secondary-level chunking, fla ``chunk.py``): sub-chunks of 16 tokens; between sub-chunks I > J the decay is
   split at the end of sub-chunk I-1, so q and k are each scaled by exp(≤ 0); inside a
   sub-chunk the decay exp(g_i - g_j), i ≥ j, is formed pairwise in log space. No factor
   exp(+Σ log α) is ever formed, so strong decays (log α = -5 per step, -320 over a
@@ -71,7 +71,7 @@ class GLAOptions:
 def gla_recurrent_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_alpha: torch.Tensor
 ) -> torch.Tensor:
-    """S_t = diag(α_t) S_{t-1} + k_tᵀ v_t; o_t = q_t S_t (REFERENCE.md §5.1, recurrent form).
+    """S_t = diag(α_t) S_{t-1} + k_tᵀ v_t; o_t = q_t S_t (the paper's recurrent form).
 
     q, k, log_alpha: (B, H, L, Dk); v: (B, H, L, Dv) -> o: (B, H, L, Dv). q is used as
     given (the mixer scales it by Dk^-1/2 beforehand). One Python step per token: the
@@ -94,7 +94,7 @@ def _masked_exp(exponent: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 def gla_chunk_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_alpha: torch.Tensor, chunk_size: int = 64
 ) -> torch.Tensor:
-    """The chunkwise-parallel form of ``gla_recurrent_reference`` (REFERENCE.md §5.1).
+    """The chunkwise-parallel form of ``gla_recurrent_reference`` (Yang et al. 2024).
 
     Same arguments and result; ``chunk_size`` is C. Any L works (the tail chunk is padded
     with zeros and log α = 0, which leaves the earlier outputs unchanged). Half-precision
@@ -117,7 +117,7 @@ def gla_chunk_reference(
     g = log_alpha.cumsum(dim=-2)  # log b_t / b_{chunk start}: ≤ 0, non-increasing in t
     g_last = g[..., -1:, :]  # log γ_n: (B, H, N, 1, Dk)
 
-    # Inter-chunk (§5.1): S_[n] = γ_n S_[n-1] + (K ⊙ Γ)ᵀ V with Γ_t = b_end / b_t ≤ 1.
+    # Inter-chunk: S_[n] = γ_n S_[n-1] + (K ⊙ Γ)ᵀ V with Γ_t = b_end / b_t ≤ 1.
     U = (k * (g_last - g).exp()).transpose(-1, -2) @ v  # (B, H, N, Dk, Dv)
     decay = g_last.squeeze(-2).exp()[..., None]  # γ_n: (B, H, N, Dk, 1)
     S = q.new_zeros(B, H, Dk, Dv)
@@ -221,7 +221,7 @@ class GatedLinearAttention(Mixer):
         q, k, v, log_alpha, gate = self._qkvg(x)
         return self._output(self.core(q, k, v, log_alpha).transpose(1, 2), gate)
 
-    # Recurrent form: one (Dk_h × Dv_h) state per head (REFERENCE.md §8).
+    # Recurrent form: one (Dk_h × Dv_h) state per head.
     def init_state(self, batch, device, dtype):
         return torch.zeros(
             batch, self.n_heads, self.head_k, self.head_v, device=device, dtype=dtype

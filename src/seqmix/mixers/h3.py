@@ -1,4 +1,4 @@
-"""H3, Hungry Hungry Hippos (Fu, Dao et al., ICLR 2023; REFERENCE.md §5.2).
+"""H3, Hungry Hungry Hippos (Fu, Dao et al., ICLR 2023, arXiv:2212.14052).
 
 Two state-space models around a multiplicative interaction (HazyResearch/H3 ``h3.py``):
 

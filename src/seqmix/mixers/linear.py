@@ -1,4 +1,4 @@
-"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"; REFERENCE.md §4.1).
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs", ICML, arXiv:2006.16236).
 
 Softmax's similarity exp(qᵀk) is replaced by a kernel φ(q)ᵀφ(k) with φ = elu + 1 > 0, so
 the sum over keys factorises through a d_k × d_v state:
@@ -84,7 +84,7 @@ def causal_linear_attention(
     k = k.reshape(B, H, N, C, Dk)
     v = v.reshape(B, H, N, C, Dv)
 
-    # State entering each chunk: exclusive prefix sum of the per-chunk sums (§4.1 S_i, z_i).
+    # State entering each chunk: exclusive prefix sum of the per-chunk sums (the paper's S_i, z_i).
     kv = k.transpose(-1, -2) @ v  # (B, H, N, Dk, Dv)
     S = torch.cat([torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1]], dim=2).cumsum(dim=2)
     ksum = k.sum(dim=-2)  # (B, H, N, Dk)
@@ -128,7 +128,7 @@ class LinearAttention(HeadProjections, Mixer):
         A = q @ k.transpose(-1, -2)
         return A.tril() if self.causal else A
 
-    # Recurrent form (§4.1): S ∈ R^{Dk×Dv} and z ∈ R^{Dk} per head.
+    # Recurrent form (Katharopoulos et al. 2020): S ∈ R^{Dk×Dv} and z ∈ R^{Dk} per head.
     def init_state(self, batch, device, dtype):
         H, Dh = self.n_heads, self.d_head
         S = torch.zeros(batch, H, Dh, Dh, device=device, dtype=dtype)

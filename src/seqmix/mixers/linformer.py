@@ -1,4 +1,4 @@
-"""Linformer: low-rank attention over a projected sequence axis (Wang et al. 2020; REFERENCE.md §4.3).
+"""Linformer: low-rank attention over a projected sequence axis (Wang et al. 2020, arXiv:2006.04768).
 
 Keys and values are projected along the sequence axis from n = max_len positions to k:
 

@@ -1,4 +1,4 @@
-"""Mamba: the selective state-space block (Gu & Dao 2023; REFERENCE.md §5.3).
+"""Mamba: the selective state-space block (Gu & Dao 2023, arXiv:2312.00752).
 
 Per channel d of the inner width D = expand · d_model and state index n ≤ N:
 
@@ -212,7 +212,7 @@ class Mamba(Mixer):
         self.reset_mixer_parameters()
 
     def reset_mixer_parameters(self) -> None:
-        """The reference initialisations that must survive the LM's GPT-2 init (§5.3)."""
+        """The reference initialisations that must survive the LM's GPT-2 init (state-spaces/mamba ``mamba_simple.py``)."""
         o = self.options
         with torch.no_grad():
             std = self.dt_rank**-0.5 * o.dt_scale
@@ -253,7 +253,7 @@ class Mamba(Mixer):
         )  # (Bt, D, L)
         return self.out_proj(y.transpose(1, 2) * F.silu(z))
 
-    # Recurrent form: the last d_conv conv inputs and the SSM state (REFERENCE.md §8).
+    # Recurrent form: the last d_conv conv inputs and the SSM state.
     def init_state(self, batch, device, dtype):
         conv_state = torch.zeros(
             batch, self.d_inner, self.options.d_conv, device=device, dtype=dtype

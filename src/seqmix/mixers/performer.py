@@ -1,7 +1,7 @@
-"""Performer / FAVOR+ (Choromanski et al. 2021; REFERENCE.md §4.2).
+"""Performer / FAVOR+ (Choromanski et al., ICLR 2021, arXiv:2009.14794).
 
 Softmax attention's kernel exp(qᵀk/√d) is estimated with positive orthogonal random
-features, then the attention is linear attention with those features (§4.1):
+features, then the attention is linear attention with those features (see linear.py):
 
     q' = d^(-1/4) q,  k' = d^(-1/4) k             (data normaliser: q'ᵀk' = qᵀk/√d)
     x_i(u) = ω_iᵀu − ‖u‖²/2,  i = 1..m             (the log of the i-th feature)

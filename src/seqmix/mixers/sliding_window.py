@@ -1,4 +1,4 @@
-"""Sliding-window + global attention (Longformer, Beltagy et al. 2020; REFERENCE.md §4.4).
+"""Sliding-window + global attention (Longformer, Beltagy et al. 2020, arXiv:2004.05150).
 
 Softmax attention restricted to a pattern P (w = ``window``, g = ``n_global``):
 
@@ -14,7 +14,7 @@ separate Q_g, K_g, V_g (Longformer's second set of projections); the other rows,
 their attention to the global keys, use Q, K, V.
 
 Defaults: w = 32, g = 1. The quick profile trains on blocks of 64 tokens and the paper
-setting on 128 (§1.5): with w = 32 the window is a half and a quarter of the context, so the
+setting on 128 (Zhang 2025, arXiv:2512.19428, §4.1): with w = 32 the window is a half and a quarter of the context, so the
 pattern is sparse where it matters while each token still sees a useful neighbourhood
 (Longformer's autoregressive LM also starts from small windows in its lower layers). One
 global token is the smallest Longformer pattern: the LM has no task tokens (its first

@@ -1,7 +1,8 @@
 """Softmax multi-head attention, the baseline every other mixer is measured against.
 
 The Grassmann paper's Transformer: d=256, 4 heads, Q/K/V/O projections with bias
-(263,680 parameters per attention block with its LayerNorm, REFERENCE.md §1.5).
+(263,680 parameters per attention block with its LayerNorm; Zhang 2025, arXiv:2512.19428, §4.1;
+the parameter count is reconciled in grassmann.py).
 The fast path is PyTorch's scaled_dot_product_attention (flash / memory-efficient kernels
 where available); ``attention_reference`` is the plain formula it must equal.
 """

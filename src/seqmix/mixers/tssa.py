@@ -1,4 +1,4 @@
-"""Token Statistics Self-Attention, TSSA (ToST; Wu et al., ICLR 2025; REFERENCE.md §2.1-2.3).
+"""Token Statistics Self-Attention, TSSA (ToST; Wu et al., ICLR 2025, arXiv:2412.17810, §3).
 
 One gradient step on a variational coding-rate objective: each head k projects the tokens,
 w = U_kᵀ z ∈ R^p (one fused ``c_attn`` Linear(d, d) split into H heads, p = d/H), soft
@@ -6,19 +6,19 @@ memberships Π (softmax over heads) weight second-moment statistics of w, and ev
 is rescaled feature-wise by ∇f(x) = 1/(1 + x) of those statistics. No token pairs are
 compared, so time and memory are O(L d).
 
-Causal form (official ``CausalSelfAttention_TSSA``, §2.3), per head, prefix sums over s ≤ t:
+Causal form (RobinWu218/ToST ``tost_lang/model_TSSA.py`` ``CausalSelfAttention_TSSA``), per head, prefix sums over s ≤ t:
 
     denom_t  = max(Σ_{s≤t} w_s², 1e-12)
     Π_t      = softmax_heads( temp_k · Σ_c (w_t²/denom_t + b_{k,t}) )     b = denom_bias (H × max_len)
     dots_t   = Σ_{s≤t} Π_s w_s² / (Σ_{s≤t} Π_s + 1e-8)
     y_t      = -Π_t w_t ⊙ 1/(1 + dots_t);   out = c_proj(concat_k y)
 
-Non-causal form (vision ``AttentionTSSA``, §2.2): w normalised over tokens per feature for Π,
+Non-causal form (``tost_vision/tost.py`` ``AttentionTSSA``): w normalised over tokens per feature for Π,
 π̃ = Π / (Σ_j Π_j + 1e-8), dots = Σ_j π̃_j w_j², y = -Π w ⊙ 1/(1 + dots).
 
 ``tssa_reference`` is the kernel interface (per-head tensors, before c_proj; on a GPU
 ``forward`` calls the Triton kernel ``seqmix.kernels.tssa.tssa``). ``step`` is
-the O(1) recurrent form of §2.3: A_t = A_{t-1} + w_t², M_t = M_{t-1} + Π_t w_t²,
+the O(1) recurrent form of the causal one: A_t = A_{t-1} + w_t², M_t = M_{t-1} + Π_t w_t²,
 c_t = c_{t-1} + Π_t and the position t (b is a per-position table).
 
 The learned ``denom_bias`` has one row per position, so the causal layer needs ``max_len``
@@ -56,7 +56,7 @@ def _check_positions(denom_bias: torch.Tensor | None, L: int) -> None:
 def tssa_membership(
     w: torch.Tensor, temp: torch.Tensor, denom_bias: torch.Tensor | None, causal: bool
 ) -> torch.Tensor:
-    """Π: soft membership of every token in every head, softmax over heads (§2.2 / §2.3).
+    """Π: soft membership of every token in every head, softmax over heads (both forms above).
 
     w: (B, H, L, p); temp: (H,); denom_bias: (H, L_max, 1) when causal (None: no bias,
     as in the kernel) -> Π: (B, H, L).
@@ -142,7 +142,7 @@ class TokenStatisticsAttention(Mixer):
         return self.c_proj(y.transpose(1, 2).reshape(B, L, D))
 
     def compression_term(self, x: torch.Tensor, eps: float = 0.5) -> torch.Tensor:
-        """Per head, R_c^var of §2.1 on this layer's input x (B, L, d): (B, H), summing to R_c^var.
+        """Per head, R_c^var (ToST's variational bound, §3) on this layer's input x (B, L, d): (B, H), summing to R_c^var.
 
             R_k = ½ (n_k / n) Σ_{i≤p} log(1 + (d / ε²) [(U_kᵀZ)^{⊙2} π_k / n_k]_i)
 
@@ -158,7 +158,7 @@ class TokenStatisticsAttention(Mixer):
         coding = torch.log1p(self.d_model / eps**2 * second_moment).sum(-1)
         return 0.5 * (n_k / x.shape[1]) * coding
 
-    # Recurrent form (§2.3): A = Σ w², M = Σ Π w², c = Σ Π per head, and the position t.
+    # Recurrent form: A = Σ w², M = Σ Π w², c = Σ Π per head, and the position t.
     def init_state(self, batch, device, dtype):
         zeros = torch.zeros(batch, self.n_heads, self.d_head, device=device, dtype=dtype)
         return zeros, zeros.clone(), torch.zeros(batch, self.n_heads, device=device, dtype=dtype), 0

@@ -1,9 +1,9 @@
 """The block every mixer sits in: the Grassmann paper's post-LN Transformer block.
 
     post-LN (paper):  h = LN1(h + Dropout(mix(h)));  h = LN2(h + Dropout(FFN(h)))
-    Grassmann (§1.2): h = Dropout(LN1(mix(h)))  (its gate already blends h in)
+    Grassmann (Zhang 2025, arXiv:2512.19428, §3.2): h = Dropout(LN1(mix(h)))  (its gate already blends h in)
     pre-LN:           h = h + Dropout(mix(LN1(h))); h = h + Dropout(FFN(LN2(h)))
-    CRATE (§3):       the ISTA feed-forward replaces the stream, no residual around it:
+    CRATE (Yu 2023):  the ISTA feed-forward replaces the stream, no residual around it:
                       post-LN h = LN2(ISTA(h)), pre-LN h = ISTA(LN2(h))
 """
 

@@ -93,7 +93,9 @@ def within(value: float, agree_if: dict) -> bool:
 def judge(mean: float, half: float, agree_if: dict) -> str:
     """agrees when all of [mean - half, mean + half] meets agree_if, disagrees when none of
     it does, inconclusive when it straddles a bound. No interval (NaN: one seed) judges
-    the mean alone."""
+    the mean alone; no mean (NaN) is not testable. Bounds are inclusive."""
+    if math.isnan(mean):
+        return "not testable"
     half = 0.0 if math.isnan(half) else abs(half)
     low, high = mean - half, mean + half
     if within(low, agree_if) and within(high, agree_if):
@@ -183,6 +185,8 @@ def eval_threshold(res: Results, claim: dict) -> ClaimResult:
     if (missing := _not_run(res, claim, [claim["arch"]])):
         return _result(claim, float("nan"), float("nan"), "--", "not testable", missing)
     rows = _metric_rows(res, claim, claim["arch"])
+    if rows.empty:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"no run of {claim['arch']} finished")
     col = "eval_value" if claim.get("split", "test") == "eval" else "test_value"
     mean, half, _ = mean_ci(rows[col])
     return dataclasses.replace(_decide(claim, mean, half, _run_scale(rows), _run_requirements(claim, rows)),
@@ -294,7 +298,7 @@ def eval_complexity(res: Results, claim: dict) -> ClaimResult:
     for arch in archs:
         for measure in claim["measures"]:
             f = fits[(fits.arch == arch) & (fits.measure == measure)]
-            if f.empty:
+            if f.empty or f.slope.isna().all():
                 short.append(f"{arch} not measured")
                 continue
             f = f.iloc[0]
@@ -339,6 +343,8 @@ def eval_su(res: Results, claim: dict) -> ClaimResult:
         value = closed.S.min()
     else:  # at_beta_zero
         value = closed.loc[(closed.beta.abs() == closed.beta.abs().min()), "S"].mean()
+    if closed.empty:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"no closed-form rows of {claim['kernel']}")
     mc = k[k.method == "monte_carlo"]
     mc = mc[mc.n == mc.n.max()] if len(mc) else mc
     z = [abs(r.S - closed_form(claim["kernel"], r.beta, r.gamma)) / r.S_se for r in mc.itertuples() if r.S_se > 0]

@@ -88,8 +88,8 @@ class WikiText2(Task):
         return int(batch[0].numel())
 
     def eval_blocks(self, split: str, max_tokens: int | None) -> torch.Tensor:
-        """Non-overlapping (block+1)-token windows in order, overlapping by one token so that
-        every token after the first is scored exactly once."""
+        """The whole (block+1)-token windows in order, each overlapping the next by one token
+        (under a cap, the first max(1, max_tokens // block) of them): (n, block+1)."""
         data = self.stream(split)
         n = (len(data) - 1) // self.block
         if max_tokens is not None:
@@ -97,16 +97,31 @@ class WikiText2(Task):
         idx = np.arange(n)[:, None] * self.block + np.arange(self.block + 1)[None, :]
         return torch.from_numpy(np.asarray(data)[idx].astype(np.int64))
 
+    def eval_tail(self, split: str, max_tokens: int | None) -> torch.Tensor | None:
+        """The shorter last window, (1, r+1), whose r = (len - 1) % block targets the whole
+        windows leave; None when r = 0 or a cap below the split's len - 1 targets stops
+        the evaluation within the whole windows."""
+        data = self.stream(split)
+        targets = len(data) - 1
+        r = targets % self.block
+        if r == 0 or (max_tokens is not None and max_tokens < targets):
+            return None
+        return torch.from_numpy(np.asarray(data[targets - r :]).astype(np.int64))[None]
+
     @torch.no_grad()
     def evaluate(self, model, split, batch_size, device, max_batches=None):
+        """Mean loss and perplexity over the whole windows and the tail: uncapped, every
+        token of the split after the first, each once (``scored`` == ``split_size``)."""
         if max_batches is not None:
             max_tokens = max_batches * batch_size * self.block
         else:
             max_tokens = self.settings.eval_max_tokens
         blocks = self.eval_blocks(split, max_tokens)
+        batches = [blocks[i : i + batch_size] for i in range(0, len(blocks), batch_size)]
+        tail = self.eval_tail(split, max_tokens)
         total, count = 0.0, 0
-        for i in range(0, len(blocks), batch_size):
-            chunk = blocks[i : i + batch_size].to(device)
+        for chunk in batches + ([] if tail is None else [tail]):
+            chunk = chunk.to(device)
             logits = model(chunk[:, :-1]).float()
             total += F.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum"
