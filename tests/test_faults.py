@@ -267,6 +267,7 @@ def test_data_preparation_killed_at_random_moments_ends_like_an_uninterrupted_on
             assert any([kill_at(cmd, rng.uniform(0, span)) for _ in range(2)])
             (tmp_path / name / "mqar" / "manifest.json").unlink(missing_ok=True)  # as Snakemake does
             assert run_cmd(cmd).returncode == 0
+            assert not list((tmp_path / name / "mqar").glob(".*.tmp")), "temporary files of the killed runs left"
         results[name] = {f: digest(tmp_path / name / "mqar" / f) for f in files[1:]}
         results[name]["manifest"] = {k: v for k, v in read_json(tmp_path / name / "mqar" / files[0]).items()}
     assert results["killed"] == results["clean"]
@@ -519,7 +520,7 @@ def test_a_read_only_data_directory_is_named(tmp_path):
     proc = read_only(tmp_path / "data", seqmix_cmd("data", "mqar", "--config", str(tmp_path / "c.yaml")))
     assert proc.returncode == 4
     why = "read-only file system" if namespace_available() else "permission denied"
-    assert proc.stderr.startswith(f"error: cannot write {tmp_path / 'data' / 'mqar'}: {why}; "), proc.stderr
+    assert proc.stderr.startswith(f"error: cannot write {tmp_path / 'data' / 'mqar' / '.prepare.lock'}: {why}; "), proc.stderr
 
 
 # ------------------------------------------------------------------------------------------

@@ -35,16 +35,22 @@ def parse_spec(model, text: str):
 
 def cmd_data(args) -> int:
     from seqmix.data.tokenizer import prepare_tokenizer
+    from seqmix.io import exclusive_lock, remove_stale_temps
     from seqmix.spec import DataJob, TokenizerJob
     from seqmix.study import data_job, tokenizer_job
     from seqmix.tasks import task_class
 
     if args.name == "tokenizer":
         job = parse_spec(TokenizerJob, args.spec) if args.spec else tokenizer_job(load_config(args.config))
-        info = prepare_tokenizer(job)
+        prepare = prepare_tokenizer
     else:
         job = parse_spec(DataJob, args.spec) if args.spec else data_job(load_config(args.config), args.name)
-        info = task_class(job.kind).prepare(job)
+        prepare = task_class(job.kind).prepare
+    out_dir = Path(job.out_dir)
+    # One preparation per data directory at a time; what a killed one left is removed.
+    with exclusive_lock(out_dir / ".prepare.lock", f"data directory {out_dir}"):
+        remove_stale_temps(out_dir)
+        info = prepare(job)
     print(json.dumps({k: v for k, v in info.items() if k != "files"}, indent=2, default=str))
     return 0
 
