@@ -16,18 +16,41 @@ from pathlib import Path
 from seqmix.config import DEFAULT_CONFIG, ConfigError, load_config
 
 
+def parse_spec(model, text: str):
+    """A job spec given as JSON (``--spec``), validated: ConfigError naming every bad key."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as e:
+        errors = e.errors()
+        problems = "; ".join(
+            f"key '{'.'.join(map(str, err['loc'])) or '<top level>'}': "
+            + ("required" if err["type"] == "missing" else err["msg"])
+            for err in errors[:8]) + (f"; and {len(errors) - 8} more" if len(errors) > 8 else "")
+        raise ConfigError(
+            f"--spec is not a valid {model.__name__} ({problems}); pass the JSON the Snakefile writes "
+            "(`snakemake -n -p` prints it), or use --config instead") from None
+
+
 def cmd_data(args) -> int:
     from seqmix.data.tokenizer import prepare_tokenizer
+    from seqmix.io import exclusive_lock, remove_stale_temps
     from seqmix.spec import DataJob, TokenizerJob
     from seqmix.study import data_job, tokenizer_job
     from seqmix.tasks import task_class
 
     if args.name == "tokenizer":
-        job = TokenizerJob.model_validate_json(args.spec) if args.spec else tokenizer_job(load_config(args.config))
-        info = prepare_tokenizer(job)
+        job = parse_spec(TokenizerJob, args.spec) if args.spec else tokenizer_job(load_config(args.config))
+        prepare = prepare_tokenizer
     else:
-        job = DataJob.model_validate_json(args.spec) if args.spec else data_job(load_config(args.config), args.name)
-        info = task_class(job.kind).prepare(job)
+        job = parse_spec(DataJob, args.spec) if args.spec else data_job(load_config(args.config), args.name)
+        prepare = task_class(job.kind).prepare
+    out_dir = Path(job.out_dir)
+    # One preparation per data directory at a time; what a killed one left is removed.
+    with exclusive_lock(out_dir / ".prepare.lock", f"data directory {out_dir}"):
+        remove_stale_temps(out_dir)
+        info = prepare(job)
     print(json.dumps({k: v for k, v in info.items() if k != "files"}, indent=2, default=str))
     return 0
 
@@ -38,7 +61,7 @@ def cmd_train(args) -> int:
     from seqmix.train.loop import train
 
     if args.spec:
-        spec = RunSpec.model_validate_json(args.spec)
+        spec = parse_spec(RunSpec, args.spec)
     elif args.task is None or args.arch is None:
         raise ConfigError("train needs --task and --arch (or --spec)")
     else:
@@ -249,8 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a known failure (bad config or spec, bad data, a file that cannot be
+    read or written, a run directory in use) prints one line naming the cause and the fix."""
     args = build_parser().parse_args(argv)
     from seqmix.data.manifest import DataError
+    from seqmix.io import FileError, write_failure
 
     try:
         return args.func(args)
@@ -260,3 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
+    except FileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 4
+    except OSError as e:
+        clear = write_failure(e)  # a write outside seqmix.io (numpy, tokenizers, mkdir)
+        if clear is None:
+            raise
+        print(f"error: {clear}", file=sys.stderr)
+        return 4

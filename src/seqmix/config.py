@@ -97,7 +97,7 @@ def _describe(error: dict, allowed: dict[tuple, list[str]]) -> str:
         return f"config key '{_key(loc)}': {error['input']!r} is not one of the allowed values: {error['ctx']['expected'].replace(chr(39), '')}"
     if kind == "missing":
         return f"config key '{_key(loc)}' is required"
-    return f"config key '{_key(loc)}': {error['msg']}"
+    return f"config key '{_key(loc)}': {error['msg'].removeprefix('Value error, ')}"
 
 
 def _format(errors: list[dict], allowed: dict[tuple, list[str]]) -> list[str]:

@@ -25,6 +25,28 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# workflow_path's rules for editors checking a config against the JSON schema
+WORKFLOW_PATH_PATTERN = {"pattern": r"^(?!~)(?=.*\S)[^{}<>\u0000]+$"}
+
+
+def workflow_path(value: str) -> str:
+    """A directory the Snakemake rules build paths in (results_dir, data.dir). Spaces,
+    quotes and shell metacharacters are fine (every rule quotes its arguments); what
+    cannot work is refused, with the reason."""
+    if not value.strip():
+        raise ValueError("is empty; give a directory (e.g. 'results'): an empty one would put files at the file system root")
+    for chars, why in (("{}", "Snakemake reads {...} in a path as a wildcard"),
+                       ("<>", "Snakemake reads <...> in a path as a path variable"),
+                       ("\x00", "a path cannot hold a NUL character")):
+        bad = sorted(set(value) & set(chars))
+        if bad:
+            raise ValueError(f"{value!r} contains {' and '.join(map(repr, bad))}: {why}; choose a path without it")
+    if value.startswith("~"):
+        raise ValueError(f"{value!r} starts with '~', which is not expanded here (it would make a directory named '~'); "
+                         "write the full path")
+    return value
+
+
 # ------------------------------------------------------------------------------------------
 # What one training run is made of: model, training schedule, data source, tokenizer.
 # ------------------------------------------------------------------------------------------
@@ -77,9 +99,12 @@ class TrainSpec(Section):
 
 
 class DataSpec(Section):
-    dir: str = Field("data", description="where prepared data is written")
+    dir: str = Field("data", description="where prepared data is written (no {, }, <, > or leading ~: Snakemake builds its paths from it)",
+                     json_schema_extra=WORKFLOW_PATH_PATTERN)
     mirror: str | None = Field(None, description=f"local directory with the raw files (layout of shared/data); {MIRROR_ENV} is used when this is null")
     source: Literal["auto", "hub", "mirror"] = Field("auto", description="auto means the mirror when one is set, else the Hugging Face hub")
+
+    _dir_works = field_validator("dir")(workflow_path)
 
 
 class TokenizerSpec(Section):
@@ -180,7 +205,8 @@ class StudyFile(Section):
     (their models depend on the entry's kind or mixer)."""
 
     profile: str = Field("quick", description="name of this study, written into every result")
-    results_dir: str = "results"
+    results_dir: str = Field("results", description="where runs, analyses and logs are written (no {, }, <, > or leading ~: Snakemake builds its paths from it)",
+                             json_schema_extra=WORKFLOW_PATH_PATTERN)
     data: DataSpec = DataSpec()
     tokenizer: TokenizerSpec = TokenizerSpec()
     architectures: list[ArchName] = Field(min_length=1)  # type: ignore[valid-type]
@@ -189,6 +215,8 @@ class StudyFile(Section):
     mixers: dict[ArchName, dict[str, Any]] = Field(default_factory=dict, description="per-architecture options, e.g. {grassmann: {rank: 32}}")  # type: ignore[valid-type]
     analysis: AnalysisSpec = AnalysisSpec()
     report: ReportSpec = ReportSpec()
+
+    _results_dir_works = field_validator("results_dir")(workflow_path)
 
     @field_validator("architectures", "seeds")
     @classmethod

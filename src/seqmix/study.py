@@ -10,12 +10,12 @@ result row carries the sweep's axes (``axes``) so that figures can pick the best
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from seqmix import catalogue
 from seqmix.config import mixer_options, settings_of
+from seqmix.io import read_json
 from seqmix.sections import Study, TaskCommon
 from seqmix.spec import DataJob, RunSpec, TokenizerJob
 from seqmix.sweep import sweep_points
@@ -140,7 +140,7 @@ def tokenizer_job(study: Study) -> TokenizerJob:
 
 
 def run_status(path: Path) -> str:
-    return json.loads((path / "metrics.json").read_text())["status"]
+    return read_json(path / "metrics.json", fix=f"train the run again (delete {path} and rerun the DAG)")["status"]
 
 
 def finished(study: Study, among: list[Run]) -> list[Path]:

@@ -37,10 +37,13 @@ def group_of(task):
     return variant(STUDY, task).group
 
 
+# Keys keep the config's order (no sort_keys): the order of tasks is meaningful (the first
+# language-model task is the analyses' default), and the commands must read the same one.
+
+
 def study_config():
     # The study without its analysis and report sections (what run lists depend on).
-    return json.dumps(STUDY.model_dump(mode="json", exclude={"analysis", "report"}), sort_keys=True,
-                      separators=(",", ":"))
+    return json.dumps(STUDY.model_dump(mode="json", exclude={"analysis", "report"}), separators=(",", ":"))
 
 
 def analysis_config(section):
@@ -48,7 +51,7 @@ def analysis_config(section):
     # that editing one analysis does not rerun the others.
     cfg = STUDY.model_dump(mode="json", exclude={"analysis", "report"})
     cfg["analysis"] = {section: getattr(STUDY.analysis, section).model_dump(mode="json")}
-    return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+    return json.dumps(cfg, separators=(",", ":"))
 
 
 def _alternatives(names):

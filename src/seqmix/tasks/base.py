@@ -62,6 +62,12 @@ class Task:
         self.settings = self.Settings.model_validate(spec.settings)
         self.data_dir = Path(spec.data_dir)
         self.manifest = read_manifest(self.data_dir, spec.task)  # every file checked first
+        self.check_data()
+
+    def check_data(self) -> None:
+        """Raise DataError when the prepared data cannot serve these settings (a limit only
+        the data decide, e.g. a block longer than a split), naming the config key and the
+        fix. Called when a job builds its task: before a run's first step."""
 
     @property
     def chance(self) -> float | None:

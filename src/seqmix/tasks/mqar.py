@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
+from seqmix.data.manifest import MANIFEST, DataError
 from seqmix.data.mqar import prepare_mqar
 from seqmix.sections import TaskSettings
 from seqmix.spec import DataJob
@@ -60,6 +61,17 @@ class MQAR(Task):
     def __init__(self, spec):
         super().__init__(spec)
         self.arrays: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def check_data(self) -> None:
+        # The data directory is the group's: prepared for the settings it was asked with.
+        made = self.manifest["generator"]
+        wanted = self.settings.model_dump(include=set(made))
+        if made != wanted:
+            diff = ", ".join(f"{k} {made[k]!r} (config: {wanted[k]!r})" for k in made if made[k] != wanted[k])
+            raise DataError(
+                f"{self.data_dir / MANIFEST} was generated with {diff}: the data do not match the "
+                f"config's 'tasks.{self.spec.group}'; rerun `python -m seqmix data {self.spec.group}` "
+                "(the DAG does this when the settings change)")
 
     @property
     def chance(self) -> float:
