@@ -219,9 +219,25 @@ def eval_threshold_per(res: Results, claim: dict) -> ClaimResult:
     worst = mine[col].min() if "min" in claim["agree_if"] else mine[col].max()
     at = ", ".join(f"{claim['per'].split('.')[-1]} {p:g}: {v:.3f}" for p, v in zip(mine.per_value, mine[col]))
     measured = _sweep_scale(rows, claim["per"], mine.per_value) + f"; {at}"
-    unmet = _run_requirements(claim, rows[rows.arch == claim["arch"]])
+    unmet = _run_requirements(claim, rows[rows.arch == claim["arch"]]) + _still_learning(claim, rows, mine)
     return dataclasses.replace(_decide(claim, float(worst), float("nan"), measured, unmet),
                                values=[float(v) for v in mine[col]])
+
+
+def _still_learning(claim: dict, rows: pd.DataFrame, best: pd.DataFrame) -> list[str]:
+    """``requires.max_final_gain``: the swept values at which the selected run of ``arch``
+    was still improving when its budget ran out (its periodic evaluation metric rose by more
+    than this over the last quarter of its steps; runs.csv's ``final_gain``)."""
+    limit = claim["requires"].get("max_final_gain")
+    if limit is None or "final_gain" not in rows:
+        return []
+    axis, out = claim["per"].split(".")[-1], []
+    for point in best.itertuples():
+        gain = rows[(rows.task == point.task) & (rows.arch == claim["arch"])].final_gain.mean()
+        if gain > limit:
+            out.append(f"at {axis} {point.per_value:g} {claim['arch']} was still learning when its budget ran out "
+                       f"({point.metric} +{gain:.3f} over the last quarter of its steps, more than {limit:g})")
+    return out
 
 
 def _needed(best: pd.DataFrame, arch: str, threshold: float) -> float:
