@@ -175,8 +175,8 @@ class ThroughputSpec(Section):
     norm: Literal["post", "pre"] = "pre"
     dropout: float = Field(0.1, ge=0, le=1)
     tokens_per_batch: int = Field(4096, ge=1, description="tokens per training step; batch = tokens_per_batch // L (at least 1)")
-    warmup: int = Field(2, ge=0, description="untimed training steps per model before the first round")
-    steps: int = Field(2, ge=1, description="training steps timed per (architecture, L) in every round")
+    warmup: int = Field(1, ge=0, description="untimed training steps per model before the first round")
+    steps: int = Field(1, ge=1, description="training steps timed per (architecture, L) in every round")
     repeats: int = Field(5, ge=1, description="interleaved rounds; the table reports medians over them")
     threads: int = Field(1, ge=1, description="torch CPU threads: 1 = numbers per core")
     device: Literal["auto", "cpu", "cuda"] = "cpu"

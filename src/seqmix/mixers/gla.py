@@ -81,9 +81,9 @@ def gla_recurrent_reference(
     B, H, L, Dk = q.shape
     S = q.new_zeros(B, H, Dk, v.shape[-1])
     outs = []
-    for t in range(L):
-        S = S * log_alpha[:, :, t, :, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
-        outs.append((q[:, :, t, :, None] * S).sum(-2))  # q_t S_t: (B, H, Dv)
+    for q_t, k_t, v_t, la_t in zip(*(t.unbind(2) for t in (q, k, v, log_alpha))):  # unbind: O(L) backward
+        S = S * la_t[..., None].exp() + k_t[..., None] * v_t[..., None, :]
+        outs.append((q_t[..., None] * S).sum(-2))  # q_t S_t: (B, H, Dv)
     return torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1])
 
 
@@ -123,9 +123,11 @@ def gla_chunk_reference(
     decay = g_last.squeeze(-2).exp()[..., None]  # γ_n: (B, H, N, Dk, 1)
     S = q.new_zeros(B, H, Dk, Dv)
     S_before = []  # the state entering chunk n
-    for n in range(N):  # L / C steps on (Dk, Dv) states only
+    # unbind, not decay[:, :, n] in the loop: indexing one chunk per step makes autograd
+    # zero-fill a gradient of the full (B, H, N, ...) size at every step, O(N²) backward.
+    for decay_n, U_n in zip(decay.unbind(2), U.unbind(2)):  # L / C steps on (Dk, Dv) states
         S_before.append(S)
-        S = decay[:, :, n] * S + U[:, :, n]
+        S = decay_n * S + U_n
     o = (q * g.exp()) @ torch.stack(S_before, dim=2)  # (Q ⊙ Λ) S_[n-1]: (B, H, N, C, Dv)
 
     # Intra-chunk, secondary chunking: sub-chunks of c tokens.

@@ -99,9 +99,9 @@ def selective_scan_reference(
     deltaB_u = torch.einsum("bdl,bnl,bdl->bdln", delta, B, u)
     h = u.new_zeros(u.shape[0], A.shape[0], A.shape[1])
     ys = []
-    for t in range(u.shape[2]):
-        h = deltaA[:, :, t] * h + deltaB_u[:, :, t]
-        ys.append(torch.einsum("bdn,bn->bd", h, C[:, :, t]))
+    for a_t, b_t, c_t in zip(deltaA.unbind(2), deltaB_u.unbind(2), C.unbind(2)):  # unbind: O(L) backward
+        h = a_t * h + b_t
+        ys.append(torch.einsum("bdn,bn->bd", h, c_t))
     y = torch.stack(ys, dim=2)
     return (y if D is None else y + u * D[:, None]).to(out_dtype)
 
