@@ -15,7 +15,13 @@ import torch
 
 from seqmix import mixers
 from seqmix.mixers.gla import gla_chunk_hierarchical, gla_chunk_reference, gla_recurrent_reference
-from seqmix.mixers.h3 import TOEPLITZ_MAX_LEN, causal_conv_reference, causal_fft_conv, causal_toeplitz_conv, s4d_kernel
+from seqmix.mixers.h3 import (
+    TOEPLITZ_MAX_LEN,
+    causal_conv_reference,
+    causal_fft_conv,
+    causal_toeplitz_conv,
+    s4d_kernel,
+)
 from seqmix.mixers.mamba import selective_scan_chunked, selective_scan_reference
 from seqmix.mixers.scan import linear_scan, linear_scan_reference
 from seqmix.mixers.tssa import tssa_membership, tssa_reference
