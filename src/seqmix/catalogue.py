@@ -48,6 +48,10 @@ MIXERS: tuple[MixerEntry, ...] = (
     MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#98df8a"),
 )
 
+# The architecture the others are measured against where a comparison needs one reference
+# (the throughput benchmark's ratios).
+BASELINE = "softmax"
+
 TASKS: tuple[TaskEntry, ...] = (
     TaskEntry("wikitext2", "seqmix.tasks.wikitext2:WikiText2", "WikiText-2"),
     TaskEntry("mqar", "seqmix.tasks.mqar:MQAR", "MQAR"),

@@ -49,7 +49,7 @@ from seqmix.train.provenance import device_record
 FIELDS = ["arch", "device", "device_name", "threads", "d_model", "n_layers", "d_ff_mult", "vocab_size",
           "seq_len", "batch", "params", "repeats", "steps", "step_ms", "tokens_per_s",
           "tokens_per_s_min", "tokens_per_s_max", "ratio_to_softmax"]
-BASELINE = "softmax"
+BASELINE = catalogue.BASELINE
 
 
 def throughput_architectures(study) -> list[str]:

@@ -180,16 +180,20 @@ def gla_chunk_hierarchical(
         q, k, v, log_alpha = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, log_alpha))
     Lp = L + pad
     g = log_alpha.reshape(B, H, Lp // C, C, Dk).cumsum(dim=-2).reshape(B, H, Lp, Dk)
-    o = (q * k).sum(-1, keepdim=True) * v + _gla_across_chunks(q, k, v, g, C)
-    s = C
-    while s > 1:  # the second half of every s-block reads its first half
+    o = (q * k).sum(-1, keepdim=True) * v  # j = i
+    s = 2
+    while s <= C:  # the second half of every s-block reads its first half
         h, n = s // 2, Lp // s
         q2, k2, v2, g2 = (t.view(B, H, n, 2, h, t.shape[-1]) for t in (q, k, v, g))
         r = g2[:, :, :, 0, -1:, :]  # g at the last token of the first half
         q_up = q2[:, :, :, 1] * (g2[:, :, :, 1] - r).exp()
         k_low = k2[:, :, :, 0] * (r - g2[:, :, :, 0]).exp()
-        o.view(B, H, n, 2, h, Dv)[:, :, :, 1] += (q_up @ k_low.transpose(-1, -2)) @ v2[:, :, :, 0]
-        s = h
+        cross = (q_up @ k_low.transpose(-1, -2)) @ v2[:, :, :, 0]  # (B, H, n, h, Dv)
+        # cat rather than an in-place add into a view: its backward only slices.
+        o2 = o.view(B, H, n, 2, h, Dv)
+        o = torch.cat([o2[:, :, :, :1], o2[:, :, :, 1:] + cross[:, :, :, None]], dim=3).view(B, H, Lp, Dv)
+        s *= 2
+    o = o + _gla_across_chunks(q, k, v, g, C)
     return o[:, :, :L].to(out_dtype)
 
 

@@ -19,9 +19,7 @@ diagonal A with N/2 modes per head, kernel κ_l = 2 Re Σ_n C_n B̄_n Ā_n^l wit
     log Δ ~ U[log 1e-3, log 1e-1] per head.
 The SSM is shared by the d_h² entries of a head (H = d/d_h copies, as in H3).
 
-Fast path (``forward``): both convolutions by FFT, O(L log L), or for short sequences
-(L ≤ ``TOEPLITZ_MAX_LEN``) by Toeplitz matrix products, which are faster there on a CPU;
-the S4D kernel by a blocked
+Fast path (``forward``): both convolutions by FFT, O(L log L); the S4D kernel by a blocked
 Vandermonde product (O(L · N) work in √L-sized blocks, no (H, N, L) tensor). Reference:
 ``forward_recurrent``, the recurrence token by token (``step``: shift state = the last N
 K values, diagonal state = N/2 complex modes per KV entry). The output channel order is
@@ -37,7 +35,6 @@ import dataclasses
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from seqmix.mixers.base import Mixer, linear_flops
@@ -59,13 +56,6 @@ class H3Options:
             raise ValueError(f"h3 needs 0 < dt_min <= dt_max, got {self.dt_min}, {self.dt_max}")
 
 
-# Up to this length the convolutions run as Toeplitz matrix products (one batched matmul)
-# rather than FFTs: on a CPU the FFT's padding, complex products and transforms cost more
-# than the L² products while L is short. Measured (one thread, 64 channels, 4096 tokens,
-# fwd+bwd): Toeplitz 28 vs FFT 78 ms at L = 64, 52 vs 46 ms at L = 128, 272 vs 66 at 256.
-TOEPLITZ_MAX_LEN = 96
-
-
 def causal_fft_conv(u: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
     """y_t = Σ_{s≤t} kernel_{t-s} u_s along the last dim by FFT (zero-padded to 2L).
 
@@ -74,30 +64,6 @@ def causal_fft_conv(u: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
     L = u.shape[-1]
     n = 2 * L
     return torch.fft.irfft(torch.fft.rfft(u, n=n) * torch.fft.rfft(kernel, n=n), n=n)[..., :L]
-
-
-def causal_toeplitz_conv(u: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """The convolution of ``causal_fft_conv`` as one matrix product per channel: the fast
-    form for short sequences. u: (Bt, C, M, L), the M rows of a channel sharing its kernel;
-    kernel: (C, L) -> (Bt, C, M, L). Builds the (C, L, L) lower-triangular Toeplitz matrices
-    T[c, t, s] = kernel[c, t - s], so O(C L²) memory and O(Bt C M L²) work."""
-    Bt, C, M, L = u.shape
-    # T[t, s] = [0, kernel][t - s + 1] for t ≥ s and [0, kernel][0] = 0 above: one gather
-    # (its backward is a scatter-add, cheaper here than unfold's).
-    lag = torch.arange(L, device=u.device)[:, None] - torch.arange(L, device=u.device)
-    index = (lag + 1).clamp(min=0).expand(C, L, L)
-    padded = F.pad(kernel, (1, 0))[:, None, :].expand(C, L, L + 1)
-    toeplitz = padded.gather(-1, index)  # (C, L, L)
-    y = toeplitz @ u.permute(1, 3, 0, 2).reshape(C, L, Bt * M)  # (C, L, Bt·M)
-    return y.reshape(C, L, Bt, M).permute(2, 0, 3, 1)
-
-
-def causal_conv(u: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """``causal_fft_conv`` of u (Bt, C, M, L) with a (C, L) kernel per channel, by the
-    Toeplitz product up to ``TOEPLITZ_MAX_LEN`` tokens and by FFT beyond."""
-    if u.shape[-1] <= TOEPLITZ_MAX_LEN:
-        return causal_toeplitz_conv(u, kernel)
-    return causal_fft_conv(u, kernel[:, None, :])
 
 
 def causal_conv_reference(u: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
@@ -193,13 +159,12 @@ class H3(Mixer):
         # The SSM part runs in fp32 at least (torch's FFT has no bf16), like H3's.
         compute = torch.promote_types(x.dtype, torch.float32)
         q, k, v = (t.transpose(1, 2).to(compute) for t in self._qkv(x))  # (Bt, d, L)
-        taps = self.k_shift[:, :L] if L <= N else F.pad(self.k_shift, (0, L - N))
-        k = causal_conv(k[:, :, None], taps.to(compute))[:, :, 0] + self.k_skip[:, None] * k  # K̄
+        taps = self.k_shift[:, :L] if L <= N else nn.functional.pad(self.k_shift, (0, L - N))
+        k = causal_fft_conv(k, taps) + self.k_skip[:, None] * k  # K̄
         kv = k.view(Bt, H, hd, 1, L) * v.view(Bt, H, 1, hd, L)  # (Bt, H, i, j, L)
         dA, coef = self._diag_ssm()
         kernel = s4d_kernel(dA, coef, L).to(compute)  # (H, L)
-        y = causal_conv(kv.reshape(Bt, H, hd * hd, L), kernel).reshape(Bt, H, hd, hd, L)
-        y = y + self.D[:, None, None, None] * kv
+        y = causal_fft_conv(kv, kernel[:, None, None, :]) + self.D[:, None, None, None] * kv
         o = (q.view(Bt, H, hd, 1, L) * y).sum(2)  # Σ_i Q[h, i] Y[h, i, j]: (Bt, H, j, L)
         return self.output_linear(o.reshape(Bt, d, L).transpose(1, 2).to(x.dtype))
 

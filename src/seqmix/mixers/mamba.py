@@ -145,6 +145,9 @@ def _incoming(decay: torch.Tensor, local: torch.Tensor, chunk_size: int) -> torc
     return s
 
 
+LOG2_E = 1.0 / math.log(2.0)
+
+
 class _SelectiveScan(torch.autograd.Function):
     """y_t = C_t · h_t, h_t = exp(Δ_t A) ⊙ h_{t-1} + B_t x_tᵀ (states (N, D)), h_{-1} = 0.
 
@@ -164,7 +167,10 @@ class _SelectiveScan(torch.autograd.Function):
         Cc = min(chunk_size, L)
         x, delta, B, C = (_chunked(t, Cc) for t in (x, delta, B, C))
         At = A.t()  # (N, D)
-        a = torch.exp(delta[..., None, :] * At)  # (Cc, n, Bt, N, D); padding: Δ = 0, a = 1
+        # exp(Δ A) as 2^(Δ · A log2 e): equal up to a relative |Δ A|·2⁻²³ in fp32 (the
+        # rounding of the scaled exponent), and torch's exp2 ran 2-3× faster than its exp on
+        # the CPU measured (AVX-512, one thread: 0.6-1.0 vs 2.2 ns per element).
+        a = torch.exp2(delta[..., None, :] * (At * LOG2_E))  # (Cc, n, Bt, N, D); padding: a = 1
         h = torch.zeros_like(a[0])
         for j in range(Cc):  # every chunk from zero: its final state
             h.mul_(a[j]).addcmul_(B[j][..., :, None], x[j][..., None, :])
@@ -204,7 +210,7 @@ def _scan_gradients(lam, gy, x, delta, At, B, C, a, H, s):
     Cc = a.shape[0]
     dx, ddelta = torch.empty_like(x), torch.empty_like(delta)
     dB, dC = torch.empty_like(B), torch.empty_like(C)
-    dAt = torch.zeros_like(At)
+    q, dA_acc = torch.empty_like(lam), torch.zeros_like(lam)  # ∂/∂(Δ A) at one step, Σ_j of it ⊙ Δ_j
     for j in reversed(range(Cc)):
         if j < Cc - 1:
             lam.mul_(a[j + 1])
@@ -212,10 +218,10 @@ def _scan_gradients(lam, gy, x, delta, At, B, C, a, H, s):
         torch.matmul(H[j], gy[j][..., :, None], out=dC[j][..., None])  # Σ_d gy_d h_nd
         torch.matmul(B[j][..., None, :], lam, out=dx[j][..., None, :])  # Σ_n B_n λ_nd
         torch.matmul(lam, x[j][..., :, None], out=dB[j][..., None])  # Σ_d λ_nd x_d
-        q = lam * a[j] * (H[j - 1] if j else s)  # ∂/∂(Δ A) = λ ⊙ a ⊙ h_{j-1}
+        torch.mul(lam, a[j], out=q).mul_(H[j - 1] if j else s)  # λ ⊙ a ⊙ h_{j-1}
         torch.sum(q * At, dim=-2, out=ddelta[j])
-        dAt += (q * delta[j][..., None, :]).sum((0, 1))
-    return dx, ddelta, dAt.t(), dB, dC
+        dA_acc.addcmul_(q, delta[j][..., None, :])
+    return dx, ddelta, dA_acc.sum((0, 1)).t(), dB, dC
 
 
 class Mamba(Mixer):
