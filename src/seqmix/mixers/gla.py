@@ -184,14 +184,15 @@ def gla_chunk_hierarchical(
     s = 2
     while s <= C:  # the second half of every s-block reads its first half
         h, n = s // 2, Lp // s
-        q2, k2, v2, g2 = (t.view(B, H, n, 2, h, t.shape[-1]) for t in (q, k, v, g))
-        r = g2[:, :, :, 0, -1:, :]  # g at the last token of the first half
-        q_up = q2[:, :, :, 1] * (g2[:, :, :, 1] - r).exp()
-        k_low = k2[:, :, :, 0] * (r - g2[:, :, :, 0]).exp()
-        cross = (q_up @ k_low.transpose(-1, -2)) @ v2[:, :, :, 0]  # (B, H, n, h, Dv)
-        # cat rather than an in-place add into a view: its backward only slices.
-        o2 = o.view(B, H, n, 2, h, Dv)
-        o = torch.cat([o2[:, :, :, :1], o2[:, :, :, 1:] + cross[:, :, :, None]], dim=3).view(B, H, Lp, Dv)
+        # unbind into (first half, second half): one backward that stacks the two gradients,
+        # where indexing each half would zero-fill a full-size gradient per index.
+        (q_lo, q_hi), (k_lo, _), (v_lo, _), (g_lo, g_hi), (o_lo, o_hi) = (
+            t.view(B, H, n, 2, h, t.shape[-1]).unbind(3) for t in (q, k, v, g, o))
+        r = g_lo[..., -1:, :]  # g at the last token of the first half
+        q_up = q_hi * (g_hi - r).exp()
+        k_low = k_lo * (r - g_lo).exp()
+        cross = (q_up @ k_low.transpose(-1, -2)) @ v_lo  # (B, H, n, h, Dv)
+        o = torch.stack([o_lo, o_hi + cross], dim=3).view(B, H, Lp, Dv)
         s *= 2
     o = o + _gla_across_chunks(q, k, v, g, C)
     return o[:, :, :L].to(out_dtype)
