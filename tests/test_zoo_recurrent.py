@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from seqmix import mixers
 from seqmix.mixers.gla import gla_chunk_hierarchical, gla_chunk_reference, gla_recurrent_reference
@@ -435,3 +436,61 @@ def test_flops_grow_linearly(arch):
     assert f1 > 0
     # Doubling L at most doubles the cost, up to H3's log factor (log2(8192)/log2(4096)).
     assert 1.9 < f2 / f1 < 2.2, f"{arch}: flops ratio {f2 / f1:.3f} is not linear in L"
+
+
+# ------------------------------------------------- chunk loops: backward work linear in L
+
+
+class ElementsWritten(TorchDispatchMode):
+    """Counts the elements every op writes (its outputs' numel): a deterministic measure
+    of work that exposes a gradient zero-filled at full size on every loop step."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.numel += t.numel()
+        return out
+
+
+def _gla_case(fn):
+    def run(L):
+        q, k, v, log_alpha = gla_inputs(1, 2, L, 4, 4, "fla", dtype=torch.float32)
+        return fn(q, k, v, log_alpha, 8), (q, k, v, log_alpha)
+    return run
+
+
+def _scan_case(L):
+    inputs = scan_inputs(1, 4, 4, L, dtype=torch.float32)
+    return selective_scan_chunked(*inputs, chunk_size=8), inputs
+
+
+def _favor_case(L):
+    from seqmix.mixers import performer as perf
+
+    g = torch.Generator().manual_seed(0)
+    omega = perf.gaussian_orthogonal_random_matrix(6, 4, g).float()
+    q, k, v = (torch.randn(1, 2, L, 4, generator=g, requires_grad=True) for _ in range(3))
+    k_proj, k_logf = perf.favor_projections(k, omega)
+    out = perf.causal_favor_attention(perf.query_features(q, omega, 1e-4), k_logf, k_proj, v, 1e-4, 8)
+    return out, (q, k, v)
+
+
+@pytest.mark.parametrize("case", [
+    _gla_case(gla_chunk_reference), _gla_case(gla_chunk_hierarchical), _scan_case, _favor_case,
+], ids=["gla_chunk_reference", "gla_chunk_hierarchical", "selective_scan_chunked", "causal_favor_attention"])
+def test_chunk_loop_backward_work_grows_linearly(case):
+    # Indexing one chunk of a large tensor per loop step (x[:, :, n]) makes autograd
+    # zero-fill a gradient of the full size at every step: O(L²/C) backward work. Count the
+    # elements written in backward at L and 4L (many chunks of 8 either way).
+    work = []
+    for L in (256, 1024):
+        out, inputs = case(L)
+        with ElementsWritten() as probe:
+            torch.autograd.grad(out.sum(), inputs)
+        work.append(probe.numel)
+    assert work[1] < 4.5 * work[0], f"backward work grew {work[1] / work[0]:.1f}x for 4x the length"
