@@ -155,7 +155,7 @@ class _SelectiveScan(torch.autograd.Function):
     into chunks of C tokens and one Python loop runs over the C positions, advancing every
     chunk at once: first from zero (each chunk's final state), then, after the chunk-final
     states are carried across chunks by ``scan``, from the true incoming states, writing
-    h and y. Every step touches one (chunks, Bt, N, D) slab that stays in cache; the only
+    h and y. Every step touches one (chunks, Bt, N, D) slab rather than all of L; the only
     full-size tensors are exp(Δ A) and h, kept for the backward, which runs the adjoint
     λ_t = C_t gy_tᵀ + a_{t+1} ⊙ λ_{t+1} the same way in reverse and accumulates every
     gradient inside its loop. States are (N, D) so that the contractions over N and D are
