@@ -33,6 +33,10 @@ class TaskEntry:
     label: str  # how tables and figures print it
 
 
+# The architecture the others are measured against where a comparison needs one reference
+# (the throughput benchmark's ratios).
+BASELINE = "softmax"
+
 MIXERS: tuple[MixerEntry, ...] = (
     MixerEntry("softmax", "seqmix.mixers.softmax:SoftmaxAttention", "Softmax", True, True, "#1f77b4"),
     MixerEntry("grassmann", "seqmix.mixers.grassmann:CausalGrassmann", "Grassmann", True, True, "#d62728"),
@@ -47,10 +51,6 @@ MIXERS: tuple[MixerEntry, ...] = (
     MixerEntry("crate", "seqmix.mixers.crate:CrateAttention", "CRATE", True, True, "#393b79"),
     MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#98df8a"),
 )
-
-# The architecture the others are measured against where a comparison needs one reference
-# (the throughput benchmark's ratios).
-BASELINE = "softmax"
 
 TASKS: tuple[TaskEntry, ...] = (
     TaskEntry("wikitext2", "seqmix.tasks.wikitext2:WikiText2", "WikiText-2"),
