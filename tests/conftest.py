@@ -59,6 +59,8 @@ def tiny_config(root: Path, mirror: Path | None, archs=("softmax", "grassmann"),
         "mixers": {"grassmann": {"rank": 4, "offsets": [1, 2]}},
         "analysis": {
             "complexity": {"lengths": [8, 16, 32], "d_model": 16, "repeats": 2, "warmup": 0},
+            "throughput": {"lengths": [8, 16], "d_model": 16, "vocab_size": 64, "tokens_per_batch": 32,
+                           "warmup": 0, "steps": 1, "repeats": 2},
             "sparsity": {"tasks": ["wikitext2" if mirror else "mqar"], "num_sequences": 2},
         },
     }

@@ -33,6 +33,10 @@ class TaskEntry:
     label: str  # how tables and figures print it
 
 
+# The architecture the others are measured against where a comparison needs one reference
+# (the throughput benchmark's ratios).
+BASELINE = "softmax"
+
 MIXERS: tuple[MixerEntry, ...] = (
     MixerEntry("softmax", "seqmix.mixers.softmax:SoftmaxAttention", "Softmax", True, True, "#1f77b4"),
     MixerEntry("grassmann", "seqmix.mixers.grassmann:CausalGrassmann", "Grassmann", True, True, "#d62728"),

@@ -160,13 +160,32 @@ def cmd_geometry(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.what == "throughput":
+        return cmd_throughput(args)
     from seqmix.bench import kernels
 
     unknown = sorted(set(args.op or ()) - set(kernels.OPS))
     if unknown:
         raise ConfigError(f"unknown --op {', '.join(unknown)}; choose from {', '.join(kernels.OPS)}")
-    # what == "kernels" (the only benchmark so far); without a GPU: interpreter smoke, exit 0
+    # without a GPU: interpreter smoke, exit 0
     return kernels.run(args.lengths, Path(args.out) if args.out else None, args.batch, args.dtype, args.op)
+
+
+def cmd_throughput(args) -> int:
+    from seqmix.bench.throughput import format_table, throughput_architectures, write_throughput
+
+    study = load_config(args.config)
+    spec = study.analysis.throughput
+    if args.lengths:
+        spec = spec.model_copy(update={"lengths": args.lengths})
+    if args.threads:
+        spec = spec.model_copy(update={"threads": args.threads})
+    out = Path(args.out or "results/analysis/throughput.csv")
+    rows = write_throughput(args.arch or throughput_architectures(study), spec, study.mixers, out,
+                            progress=not args.quiet)
+    print(format_table(rows))
+    print(f"wrote {len(rows)} rows to {out}")
+    return 0
 
 
 def cmd_mixers(args) -> int:
@@ -220,14 +239,20 @@ def _add_analyses(sub) -> None:
     sp.add_argument("--out", default="results/analysis/geometry.csv")
     sp.add_argument("--threads", type=int, default=None)
 
-    sp = _add(sub, "bench", cmd_bench, "time Triton kernels vs references, SDPA and fla (GPU; CPU: smoke only)",
-              config=False)
-    sp.add_argument("what", choices=["kernels"])
-    sp.add_argument("--lengths", type=int, nargs="+", default=None, help="L values (default 256..65536)")
-    sp.add_argument("--out", default=None, help="CSV path (default results/bench/kernels-<gpu>.csv)")
-    sp.add_argument("--batch", type=int, default=4)
-    sp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
-    sp.add_argument("--op", action="append", help="benchmark only this op (repeatable): a kernel, or attention")
+    sp = _add(sub, "bench", cmd_bench,
+              "kernels: Triton kernels vs references, SDPA and fla (GPU; CPU: smoke only); "
+              "throughput: training tokens/s of every causal mixer's LM beside softmax (analysis.throughput)")
+    sp.add_argument("what", choices=["kernels", "throughput"])
+    sp.add_argument("--lengths", type=int, nargs="+", default=None,
+                    help="L values (kernels: default 256..65536; throughput: analysis.throughput.lengths)")
+    sp.add_argument("--out", default=None, help="CSV path (kernels: results/bench/kernels-<gpu>.csv; "
+                                                "throughput: results/analysis/throughput.csv)")
+    sp.add_argument("--batch", type=int, default=4, help="kernels only")
+    sp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="kernels only")
+    sp.add_argument("--op", action="append", help="kernels only: benchmark only this op (repeatable)")
+    sp.add_argument("--arch", action="append", help="throughput only: time only this architecture (repeatable; softmax is added)")
+    sp.add_argument("--threads", type=int, default=None, help="throughput only: override analysis.throughput.threads")
+    sp.add_argument("--quiet", action="store_true")
 
 
 def build_parser() -> argparse.ArgumentParser:

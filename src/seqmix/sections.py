@@ -189,11 +189,32 @@ class GeometrySpec(Section):
     seed: int = Field(0, ge=0)
 
 
+class ThroughputSpec(Section):
+    """Training tokens/s of every causal mixer's LM beside softmax (seqmix/bench/throughput.py)."""
+
+    lengths: list[int] = Field([64, 1024], min_length=1, description="sequence lengths L")
+    d_model: int = Field(64, ge=1)
+    n_layers: int = Field(2, ge=1)
+    d_ff_mult: float = Field(4.0, ge=0, description="feed-forward width as a multiple of d_model; 0 = none")
+    vocab_size: int = Field(4096, ge=2)
+    norm: Literal["post", "pre"] = "pre"
+    dropout: float = Field(0.1, ge=0, le=1)
+    tokens_per_batch: int = Field(4096, ge=1, description="tokens per training step; batch = tokens_per_batch // L (at least 1)")
+    warmup: int = Field(1, ge=0, description="untimed training steps per model before the first round")
+    steps: int = Field(1, ge=1, description="training steps timed per (architecture, L) in every round")
+    repeats: int = Field(5, ge=1, description="interleaved rounds; the table reports medians over them")
+    threads: int = Field(1, ge=1, description="torch CPU threads: 1 = numbers per core")
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    architectures: Literal["all"] | list[ArchName] | None = Field(  # type: ignore[valid-type]
+        None, description="mixers to time (their causal ones; softmax is always added): null = the study's architectures, all = every catalogued mixer")
+
+
 class AnalysisSpec(Section):
     complexity: ComplexitySpec = ComplexitySpec()
     sparsity: SparsitySpec = SparsitySpec()
     sparsity_analytic: SparsityAnalyticSpec = SparsityAnalyticSpec()
     geometry: GeometrySpec = GeometrySpec()
+    throughput: ThroughputSpec = ThroughputSpec()
 
 
 class ReportSpec(Section):

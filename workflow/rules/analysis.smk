@@ -8,6 +8,7 @@ rule analysis:
         f"{RESULTS}/analysis/sparsity.csv",
         f"{RESULTS}/analysis/sparsity_analytic.csv",
         f"{RESULTS}/analysis/geometry.csv",
+        f"{RESULTS}/analysis/throughput.csv",
 
 
 rule complexity:
@@ -27,6 +28,24 @@ rule complexity:
     shell:
         "python -m seqmix complexity --config {params.cfg:q} --threads {threads} "
         "--out {output.csv:q} --fit-out {output.fit:q} > {log:q} 2>&1"
+
+
+rule throughput:
+    # Training tokens/s of every causal mixer's LM beside softmax (seqmix/bench/throughput.py).
+    output:
+        f"{RESULTS}/analysis/throughput.csv",
+    params:
+        cfg=lambda w: analysis_config("throughput"),
+    log:
+        f"{RESULTS}/logs/analysis/throughput.log",
+    # One thread (analysis.throughput.threads, 1 by default): the table is tokens/s per core.
+    # Whatever runs on the other cores loads every architecture alike, because the rounds
+    # interleave them and the ratios to softmax are taken within a round.
+    threads: 1
+    conda:
+        "../../envs/seqmix.yaml"
+    shell:
+        "python -m seqmix bench throughput --config {params.cfg:q} --quiet --out {output:q} > {log:q} 2>&1"
 
 
 rule sparsity_run:

@@ -178,9 +178,10 @@ def causal_favor_attention(
     num = W @ v_c
     den = W.sum(-1, keepdim=True)
 
-    S, z, carry = _chunk_states(k_c, v_c, mu_c, M_c)
-    num = num + carry * (q_c @ S)
-    den = den + carry * (q_c * z[..., None, :]).sum(-1, keepdim=True)
+    if N > 1:  # one chunk (L ≤ C) has no earlier state to read
+        S, z, carry = _chunk_states(k_c, v_c, mu_c, M_c)
+        num = num + carry * (q_c @ S)
+        den = den + carry * (q_c * z[..., None, :]).sum(-1, keepdim=True)
 
     # The eps floor of every key feature: eps·Σ_i φ(q_t)_i times (Σ_{j≤t} v_j, t+1).
     qsum = phi_q.sum(-1, keepdim=True)  # (B, H, L', 1)
