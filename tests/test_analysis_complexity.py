@@ -161,3 +161,23 @@ def test_a_timing_out_of_memory_leaves_the_counts(monkeypatch):
     cfg = ComplexitySpec(lengths=[8, 16], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=60.0)
     rows = cx.run_complexity(["softmax"], cfg, torch.device("cpu"), TINY, progress=False)
     assert [(r["seq_len"], r["status"]) for r in rows] == [(8, "counted"), (16, "counted")]
+
+
+def test_auto_counts_fake_until_the_ops_grow_like_a_chunk_loop():
+    row = lambda L, ops, mode="fake": {"seq_len": L, "ops_fwdbwd": ops, "count_mode": mode}  # noqa: E731
+    assert cx.still_fake(True, None, row(128, 1000))
+    assert cx.still_fake(True, row(128, 1000), row(256, 1100))  # vectorised: ops ~constant
+    assert not cx.still_fake(True, row(2048, 3000), row(4096, 5800))  # ×1.93 per doubling: a loop
+    assert not cx.still_fake(True, None, row(128, 1000, mode="real"))  # could not run fake
+    assert not cx.still_fake(False, row(128, 1000), row(256, 1000))
+    assert cx.still_fake(True, row(1024, 1000), row(4096, 2000))  # ×1.41 per doubling over two
+
+
+def test_auto_switches_a_chunk_loop_to_real_tensors():
+    cfg = ComplexitySpec(lengths=[64, 128, 256], d_model=8, repeats=1, warmup=0, max_seconds=1e-9,
+                         count_tensors="auto")
+    opts = {"grassmann": {"rank": 4, "offsets": [1, 2]}, "performer": {"chunk_size": 2, "feature_seed": 0}}
+    rows = cx.run_complexity(["grassmann", "performer"], cfg, torch.device("cpu"), opts, progress=False)
+    modes = {(r["arch"], r["seq_len"]): r["count_mode"] for r in rows}
+    assert {modes["grassmann", L] for L in cfg.lengths} == {"fake"}
+    assert modes["performer", 64] == "fake" and modes["performer", 256] == "real"

@@ -122,7 +122,7 @@ class ComplexitySpec(Section):
     warmup: int = Field(1, ge=0)
     max_seconds: float = Field(5.0, gt=0, description="stop timing a mixer (its counts go on) once its fastest forward+backward takes longer than this")
     count_tensors: Literal["auto", "fake", "real"] = Field(
-        "auto", description="count FLOPs, bytes and peak memory under FakeTensorMode (no arithmetic, but slow Python per op; a mixer that needs real values falls back to real) or on real CPU tensors; auto = fake for mixers the catalogue marks L^2, real for the rest")
+        "auto", description="count FLOPs, bytes and peak memory under FakeTensorMode (no arithmetic, but slow Python per op; a mixer that needs real values falls back to real) or on real CPU tensors; auto = fake until a mixer's number of ops grows x1.5 per doubling of L (a Python loop over chunks), real from there on")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     architectures: Literal["all"] | list[ArchName] | None = Field(  # type: ignore[valid-type]
         None, description="mixers to measure: null = the study's architectures, all = every catalogued mixer, or a list")

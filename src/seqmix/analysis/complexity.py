@@ -10,9 +10,11 @@ on random inputs. Lengths are the configured ones in ascending order (powers of 
 - **Counts** are taken at every length, on the CPU path of the mixer (the PyTorch code;
   a GPU's Triton kernels are opaque to the counters), under ``FakeTensorMode`` (no
   arithmetic: long lengths cost only Python per op) where ``count_tensors`` asks for it
-  (``counts_fake``) and the mixer runs there, else on real CPU tensors after one uncounted
-  call (so that per-length caches, e.g. BigBird's block table, are built first). Counts
-  are exact and the same on every run; fake and real ones agree (tests/test_cost_count.py).
+  (``auto``: until the mixer's op count grows like a chunk loop, ``still_fake``) and the
+  mixer runs there, else on real CPU tensors after
+  one uncounted call (so that per-length caches, e.g. BigBird's block table, are built
+  first). Counts are exact and the same on every run; fake and real ones agree
+  (tests/test_cost_count.py).
 - **Wall time** is taken on ``device`` after ``warmup`` calls, ``repeats`` times each;
   a mixer stops being timed once its fastest forward+backward takes longer than
   ``max_seconds`` or runs out of memory (its counts go on). Time on a shared CPU is noisy
@@ -38,6 +40,8 @@ columns:
     bytes_written_fwdbwd  the same for forward + backward
     peak_fwd_bytes        peak bytes of live tensors allocated during one forward
     peak_fwdbwd_bytes     the same for forward + backward (saved activations included)
+    ops_fwdbwd            aten ops dispatched in one forward + backward: constant in L for a
+                          vectorised mixer, growing for one that loops over chunks in Python
     count_mode            fake (FakeTensorMode) | real (CPU tensors): how the counts were taken
     flops_stated          the mixer's own formula, ``mixer.flops(L) × batch`` (forward; NaN if
                           it states none)
@@ -47,10 +51,12 @@ columns:
 
 ``results/analysis/complexity_fit.csv``, one row per (arch, measure); columns:
 
-    arch, device       as above
+    arch, device,      as above
+    d_model, batch
     measure            a column of complexity.csv: fwd_ms, fwdbwd_ms (kind timed), flops_*,
                        bytes_written_*, peak_* (kind counted), flops_stated (kind stated)
-    kind               timed | counted | stated;  count_mode: as above
+    kind               timed | counted | stated;  count_mode: how the counts of the fit range
+                       were taken (fake, real, or fake+real where auto switched inside it)
     min_len, max_len   the L range of the fit: the ``fit_longest`` largest lengths at which the
                        measure was taken (counts: every length, so the longest configured)
     slope              OLS slope k of log(value) on log(L) (value ∝ L^k), one point per length
@@ -77,6 +83,7 @@ the machine (caches, memory bandwidth), not the algorithm.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -84,7 +91,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from seqmix import catalogue, mixers
+from seqmix import mixers
 from seqmix.analysis.cost_count import count_mixer
 from seqmix.analysis.cost_fit import (  # noqa: F401 (the fit is part of this module's interface)
     FIT_FIELDS,
@@ -98,7 +105,7 @@ from seqmix.sections import ComplexitySpec
 from seqmix.train.provenance import device_record
 
 COUNT_FIELDS = ["flops_fwd", "flops_fwdbwd", "bytes_written_fwd", "bytes_written_fwdbwd", "peak_fwd_bytes",
-                "peak_fwdbwd_bytes", "count_mode"]
+                "peak_fwdbwd_bytes", "ops_fwdbwd", "count_mode"]
 FIELDS = ["arch", "device", "device_name", "d_model", "batch", "seq_len", "repeat", "fwd_ms", "fwdbwd_ms",
           *COUNT_FIELDS, "flops_stated", "status"]
 
@@ -143,14 +150,21 @@ def time_mixer(mixer: mixers.Mixer, seq_len: int, batch: int, repeats: int, warm
     return [(_timed(forward, device), _timed(forward_backward, device)) for _ in range(repeats)]
 
 
-def counts_fake(arch: str, count_tensors: str) -> bool:
-    """Whether ``arch`` is counted under FakeTensorMode. ``auto``: a mixer whose arithmetic
-    grows faster than its number of ops (the catalogue's L^2) is counted fake, where long
-    lengths cost nothing; the others on real tensors, whose arithmetic is then cheaper than
-    fake tensors' Python per op (a chunk loop of L/C steps costs ms per op under fake)."""
-    if count_tensors != "auto":
-        return count_tensors == "fake"
-    return arch in catalogue.mixer_names() and catalogue.mixer_entry(arch).cost_in_L == "L^2"
+# ``count_tensors: auto`` counts fake until a mixer's number of ops grows this much per
+# doubling of L: a Python loop over L/C chunks, whose fake count costs about a millisecond
+# of Python per op, in proportion to L, while its real arithmetic at these widths costs less.
+LOOP_OPS_GROWTH = 1.5
+
+
+def still_fake(fake: bool, previous: dict | None, row: dict) -> bool:
+    """Whether the next length of a mixer is counted fake, after ``row`` (its counts at
+    this length) and ``previous`` (at the last length); module docstring, ``count_tensors``."""
+    if not fake or row["count_mode"] != "fake":
+        return False  # real asked for, or the mixer cannot run fake
+    if previous is None:
+        return True
+    doublings = math.log2(row["seq_len"] / previous["seq_len"])
+    return (row["ops_fwdbwd"] / previous["ops_fwdbwd"]) ** (1 / doublings) < LOOP_OPS_GROWTH
 
 
 def _is_oom(e: Exception) -> bool:
@@ -159,11 +173,12 @@ def _is_oom(e: Exception) -> bool:
 
 
 def measure_mixer(arch: str, cfg: ComplexitySpec, seq_len: int, device: torch.device, options: dict,
-                  timed: bool = True) -> list[dict]:
-    """The rows of one (arch, L): counts (on the CPU), and ``cfg.repeats`` timings on
-    ``device`` when ``timed``. A timing that runs out of memory leaves a counted row."""
+                  timed: bool = True, fake: bool = False) -> list[dict]:
+    """The rows of one (arch, L): counts (on CPU tensors, fake ones when ``fake``), and
+    ``cfg.repeats`` timings on ``device`` when ``timed``. A timing that runs out of memory
+    leaves a counted row."""
     counted = build_mixer(arch, cfg.d_model, seq_len, options, "cpu")
-    counts = count_mixer(counted, seq_len, cfg.batch_size, fake=counts_fake(arch, cfg.count_tensors))
+    counts = count_mixer(counted, seq_len, cfg.batch_size, fake=fake)
     try:
         stated = counted.flops(seq_len) * cfg.batch_size
     except NotImplementedError:
@@ -194,11 +209,14 @@ def run_complexity(archs: list[str], cfg: ComplexitySpec, device: torch.device, 
     lengths = sorted(cfg.lengths)
     untimed: set[str] = set()
     stopped: set[str] = set()
+    fake = {a: cfg.count_tensors != "real" for a in archs}
+    last: dict[str, dict] = {}
     for arch, L in tqdm([(a, L) for a in archs for L in lengths], desc="complexity", disable=not progress):
         if arch in stopped:
             continue
         try:
-            got = measure_mixer(arch, cfg, L, device, mixer_options.get(arch, {}), timed=arch not in untimed)
+            got = measure_mixer(arch, cfg, L, device, mixer_options.get(arch, {}), timed=arch not in untimed,
+                                fake=fake[arch])
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not _is_oom(e):
                 raise
@@ -206,6 +224,9 @@ def run_complexity(archs: list[str], cfg: ComplexitySpec, device: torch.device, 
             stopped.add(arch)
             continue
         rows.extend(got)
+        if cfg.count_tensors == "auto":
+            fake[arch] = still_fake(fake[arch], last.get(arch), got[0])
+        last[arch] = got[0]
         if got[0]["status"] != "ok" or min(r["fwdbwd_ms"] for r in got) > cfg.max_seconds * 1e3:
             untimed.add(arch)
     return rows

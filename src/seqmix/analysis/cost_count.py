@@ -22,11 +22,15 @@ call runs one), so the counts are of the code that actually runs, not of a formu
   of the call need, independent of the allocator; the profiler's CPU memory events also
   see allocations made inside kernels, which this does not.
 
-Counts are taken under ``FakeTensorMode`` where the mixer allows it (shapes propagate,
-no arithmetic is done, so L = 65,536 costs only the Python-level op calls); a mixer whose
-code needs real values (e.g. ``.tolist()`` of an index table) is counted on real CPU
-tensors instead. ``count_mode`` says which. Both give the same counts for a mixer that
-runs both ways (tests/test_cost_count.py checks this).
+A forward+backward is one forward and ``torch.autograd.grad`` of its output for the input
+and every parameter (no optimizer step, no ``.grad`` accumulation). Counts are taken under
+``FakeTensorMode`` where asked and the mixer allows it (shapes propagate, no arithmetic is
+done, so L = 65,536 costs only the Python-level op calls); a mixer whose code needs real
+values (e.g. ``.tolist()`` of an index table) is counted on real CPU tensors instead.
+``count_mode`` says which. The two give the same FLOPs and, within 5 %, the same bytes
+(tests/test_cost_count.py): PyTorch's meta kernels choose some output strides differently
+from the real ones (e.g. ``elu_backward``), which can make a later reshape copy on one side
+only. Each is exact and the same on every run.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ class WorkCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.bytes_written = 0
+        self.ops = 0  # aten ops dispatched: a Python loop over chunks makes it grow with L
         self.live = 0
         self.peak = 0
         self._alive: dict[int, int] = {}  # storage key -> bytes, for storages allocated here
@@ -117,6 +122,7 @@ class WorkCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.ops += 1
         schema = func._schema
         # In-place and out= ops write into an argument (its alias_info is a write).
         for arg, value in zip(schema.arguments, args):
@@ -148,7 +154,7 @@ class WorkCounter(TorchDispatchMode):
 
 
 def count_call(fn: Callable[[], None]) -> dict:
-    """FLOPs, bytes written and peak live bytes (above the start) of one call of ``fn``."""
+    """FLOPs, bytes written, peak live bytes (above the start) and aten ops of one call of ``fn``."""
     flop_counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS)
     work = WorkCounter()
     try:
@@ -157,7 +163,7 @@ def count_call(fn: Callable[[], None]) -> dict:
     finally:
         work.close()
     return {"flops": int(flop_counter.get_total_flops()), "bytes_written": int(work.bytes_written),
-            "peak_bytes": int(work.peak)}
+            "peak_bytes": int(work.peak), "ops": work.ops}
 
 
 def _fake_failures() -> tuple[type[Exception], ...]:
@@ -192,7 +198,7 @@ def _count_both(mixer, state, x, grad_out) -> dict:
     fwd, fb = count_call(forward), count_call(forward_backward)
     return {"flops_fwd": fwd["flops"], "flops_fwdbwd": fb["flops"],
             "bytes_written_fwd": fwd["bytes_written"], "bytes_written_fwdbwd": fb["bytes_written"],
-            "peak_fwd_bytes": fwd["peak_bytes"], "peak_fwdbwd_bytes": fb["peak_bytes"]}
+            "peak_fwd_bytes": fwd["peak_bytes"], "peak_fwdbwd_bytes": fb["peak_bytes"], "ops_fwdbwd": fb["ops"]}
 
 
 def count_mixer(mixer: torch.nn.Module, seq_len: int, batch: int, fake: bool = True) -> dict:

@@ -65,6 +65,11 @@ def _kind(measure: str) -> str:
     return "timed" if measure in TIMED else "stated" if measure in STATED else "counted"
 
 
+def _modes(rows: list[dict], lengths: list[int]) -> str:
+    """How the counts over ``lengths`` were taken: fake, real or fake+real."""
+    return "+".join(sorted({str(r.get("count_mode", "")) for r in rows if r["seq_len"] in lengths}))
+
+
 def _fit_one(values: dict[int, float], lengths: list[int]) -> dict:
     xs = [L for L in lengths if L in values]
     fit = fit_exponent(np.array(xs, float), np.array([values[L] for L in xs], float))
@@ -90,8 +95,9 @@ def fit_table(rows: list[dict], longest: int = 3) -> list[dict]:
                 fit.update(ci_low=float("nan"), ci_high=float("nan"))
             flops = per_length(by_kind["counted"], "flops_fwdbwd")
             flops_fit = _fit_one(flops, [L for L in lengths if L in flops])
-            out.append({"arch": arch, "device": mine[0]["device"], "measure": measure, "kind": kind,
-                        "count_mode": mine[0].get("count_mode", ""), "min_len": lengths[0], "max_len": lengths[-1],
+            out.append({"arch": arch, "device": mine[0]["device"], "d_model": mine[0].get("d_model"),
+                        "batch": mine[0].get("batch"), "measure": measure, "kind": kind,
+                        "count_mode": _modes(by_kind["counted"], lengths), "min_len": lengths[0], "max_len": lengths[-1],
                         **fit, "flops_slope": flops_fit["slope"], "value_at_max_len": values[lengths[-1]]})
     return out
 
@@ -117,5 +123,5 @@ def growth_table(rows: list[dict]) -> list[dict]:
 
 
 GROWTH_FIELDS = ["arch", "device", "len_from", "len_to", *(f"growth_{m}" for m in GROWTH)]
-FIT_FIELDS = ["arch", "device", "measure", "kind", "count_mode", "min_len", "max_len", "slope", "ci_low", "ci_high",
-              "points", "r2", "local_min", "local_max", "flops_slope", "value_at_max_len"]
+FIT_FIELDS = ["arch", "device", "d_model", "batch", "measure", "kind", "count_mode", "min_len", "max_len", "slope",
+              "ci_low", "ci_high", "points", "r2", "local_min", "local_max", "flops_slope", "value_at_max_len"]

@@ -306,7 +306,8 @@ def _time_beside(fits: pd.DataFrame, growth: pd.DataFrame | None, arch: str) -> 
     if t.empty:
         return ""
     t = t.iloc[0]
-    text = f"{arch} time {t.slope:.2f} [{t.ci_low:.2f}, {t.ci_high:.2f}] over L = {int(t.min_len)}--{int(t.max_len)}"
+    text = (f"{arch} time {t.slope:.2f} [{t.ci_low:.2f}, {t.ci_high:.2f}] over L = {int(t.min_len)}--{int(t.max_len)}"
+            if pd.notna(t.slope) else f"{arch} timed at {int(t.points)} length(s) only, up to L = {int(t.max_len)}")
     g = growth[(growth.arch == arch) & growth.growth_fwdbwd_ms.notna()] if growth is not None else None
     if g is not None and len(g):
         last = g.iloc[-1]
@@ -318,16 +319,20 @@ def _time_beside(fits: pd.DataFrame, growth: pd.DataFrame | None, arch: str) -> 
 
 
 def _cost_context(fits: pd.DataFrame, growth: pd.DataFrame | None, archs: list[str], measures: list[str]) -> str:
+    """What the cost verdict was measured on, with the wall time beside it."""
     mine = fits[fits.arch.isin(archs) & fits.measure.isin(measures)]
     if mine.empty:
         return "--"
-    how = {"fake": "counted on fake tensors", "real": "counted on CPU tensors"}
-    modes = sorted({how.get(m, "measured") for m in mine.get("count_mode", pd.Series(dtype=str)).fillna("")})
-    on = (f"one layer, {' / '.join(modes) or 'measured'}, fit over L = {int(mine.min_len.min())}--"
-          f"{int(mine.max_len.max())} (the longest lengths)")
+    modes = sorted({m for ms in mine.get("count_mode", pd.Series(dtype=str)).dropna() for m in str(ms).split("+")}
+                   & {"fake", "real"})
+    how = f"counted on {' and '.join(modes)} CPU tensors" if modes else "measured"
+    width = f" at d = {int(mine.d_model.iloc[0])}" if "d_model" in mine and mine.d_model.notna().any() else ""
+    on = (f"one layer{width}, {how}, fit over L = {int(mine.min_len.min())}--{int(mine.max_len.max())} "
+          "(the longest lengths)")
     beside = [t for a in archs if (t := _time_beside(fits, growth, a))]
-    return on + ("; wall time on " + str(mine.device.iloc[0]) + ", not deciding: " + "; ".join(beside)
-                 if beside else "")
+    if beside:
+        on += f"; wall time on {mine.device.iloc[0]}, not deciding: " + "; ".join(beside)
+    return on
 
 
 def eval_complexity(res: Results, claim: dict) -> ClaimResult:
