@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+COSTS_IN_L = ("L", "L log L", "L^2")  # the values of MixerEntry.cost_in_L
+
 
 @dataclasses.dataclass(frozen=True)
 class MixerEntry:
@@ -53,7 +55,6 @@ MIXERS: tuple[MixerEntry, ...] = (
     MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#98df8a", "L"),
 )
 
-COSTS_IN_L = ("L", "L log L", "L^2")
 
 TASKS: tuple[TaskEntry, ...] = (
     TaskEntry("wikitext2", "seqmix.tasks.wikitext2:WikiText2", "WikiText-2"),

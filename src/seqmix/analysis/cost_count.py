@@ -42,7 +42,6 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 aten = torch.ops.aten
 
@@ -72,10 +71,14 @@ def _c2c_flop(self_shape, dim, normalization, forward, out_shape=None, **kw) -> 
 
 
 def _sdpa_cpu_flop(q, k, v, *args, out_shape=None, **kw) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
     return sdpa_flop_count(q, k, v)
 
 
 def _sdpa_cpu_backward_flop(grad_out, q, k, v, *args, out_shape=None, **kw) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
     return sdpa_backward_flop_count(grad_out, q, k, v)
 
 
@@ -155,6 +158,10 @@ class WorkCounter(TorchDispatchMode):
 
 def count_call(fn: Callable[[], None]) -> dict:
     """FLOPs, bytes written, peak live bytes (above the start) and aten ops of one call of ``fn``."""
+    # Imported here: torch.utils.flop_counter imports triton, which must not happen before
+    # a process that wants the Triton interpreter has set TRITON_INTERPRET.
+    from torch.utils.flop_counter import FlopCounterMode
+
     flop_counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS)
     work = WorkCounter()
     try:
