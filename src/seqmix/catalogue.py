@@ -55,7 +55,6 @@ MIXERS: tuple[MixerEntry, ...] = (
     MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#98df8a", "L"),
 )
 
-
 TASKS: tuple[TaskEntry, ...] = (
     TaskEntry("wikitext2", "seqmix.tasks.wikitext2:WikiText2", "WikiText-2"),
     TaskEntry("mqar", "seqmix.tasks.mqar:MQAR", "MQAR"),
