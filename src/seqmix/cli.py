@@ -104,10 +104,12 @@ def cmd_complexity(args) -> int:
 
     study = load_config(args.config)
     archs = args.arch or complexity_architectures(study)
-    fit_out = Path(args.fit_out or Path(args.out).with_name(Path(args.out).stem + "_fit.csv"))
+    beside = lambda suffix: Path(args.out).with_name(Path(args.out).stem + suffix)  # noqa: E731
+    fit_out = Path(args.fit_out or beside("_fit.csv"))
+    growth_out = Path(args.growth_out or beside("_growth.csv"))
     n_rows, n_fits = write_complexity(archs, study.analysis.complexity, study.mixers, Path(args.out), fit_out,
-                                      device=args.device, threads=args.threads, progress=not args.quiet)
-    print(f"wrote {n_rows} rows to {args.out} and {n_fits} fits to {fit_out}")
+                                      growth_out, device=args.device, threads=args.threads, progress=not args.quiet)
+    print(f"wrote {n_rows} rows to {args.out}, {n_fits} fits to {fit_out} and growth per doubling to {growth_out}")
     return 0
 
 
@@ -218,9 +220,11 @@ def _add(sub, name, func, help_, config=True):
 
 
 def _add_analyses(sub) -> None:
-    sp = _add(sub, "complexity", cmd_complexity, "time and peak memory of each mixer vs sequence length")
+    sp = _add(sub, "complexity", cmd_complexity,
+              "counted FLOPs, bytes written, peak memory and wall time of each mixer vs sequence length")
     sp.add_argument("--out", default="results/analysis/complexity.csv")
-    sp.add_argument("--fit-out", default=None)
+    sp.add_argument("--fit-out", default=None, help="default: <out stem>_fit.csv beside --out")
+    sp.add_argument("--growth-out", default=None, help="default: <out stem>_growth.csv beside --out")
     sp.add_argument("--arch", action="append", help="measure only this architecture (repeatable)")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
                     help="override analysis.complexity.device (e.g. cuda with --out results/bench/complexity-<gpu>.csv)")

@@ -137,16 +137,21 @@ class TaskCommon(Section):
 
 
 class ComplexitySpec(Section):
-    lengths: list[int] = Field([64, 128, 256, 512, 1024], min_length=2)
+    """Cost vs sequence length (analysis/complexity.py): counts at every length, wall time
+    until a mixer's fastest forward+backward takes max_seconds."""
+
+    lengths: list[int] = Field([64, 128, 256, 512, 1024], min_length=2, description="every length is counted; the shorter ones are also timed")
     d_model: int = Field(64, ge=1)
     batch_size: int = Field(1, ge=1)
-    repeats: int = Field(5, ge=1)
+    repeats: int = Field(5, ge=1, description="timed calls per length; the fit takes their minimum")
     warmup: int = Field(1, ge=0)
-    max_seconds: float = Field(5.0, gt=0, description="stop growing L for a mixer once one call takes longer than this")
+    max_seconds: float = Field(5.0, gt=0, description="stop timing a mixer (its counts go on) once its fastest forward+backward takes longer than this")
+    count_tensors: Literal["auto", "fake", "real"] = Field(
+        "auto", description="count FLOPs, bytes and peak memory under FakeTensorMode (no arithmetic, but slow Python per op; a mixer that needs real values falls back to real) or on real CPU tensors; auto = fake until a mixer's number of ops grows x1.5 per doubling of L (a Python loop over chunks), real from there on")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     architectures: Literal["all"] | list[ArchName] | None = Field(  # type: ignore[valid-type]
-        None, description="mixers to time: null = the study's architectures, all = every catalogued mixer, or a list")
-    fit_longest: int = Field(3, ge=3, description="fit the log-log exponent over this many of the longest lengths measured")
+        None, description="mixers to measure: null = the study's architectures, all = every catalogued mixer, or a list")
+    fit_longest: int = Field(3, ge=3, description="fit each log-log exponent over this many of the longest lengths at which it was measured")
 
 
 class SparsitySpec(Section):
