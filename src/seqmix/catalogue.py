@@ -24,6 +24,9 @@ class MixerEntry:
     causal: bool  # has a causal form: trains language models (a test holds these flags
     noncausal: bool  # equal to the class's supports_causal / supports_noncausal)
     colour: str  # its colour in every figure
+    # The block it trains in by default (``model.block: native``), its paper's own: one of
+    # BLOCKS, built by seqmix/models/blocks.py. A config can force one block for all.
+    block: str = "post"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,19 +36,26 @@ class TaskEntry:
     label: str  # how tables and figures print it
 
 
+# The residual blocks a mixer can sit in (seqmix/models/blocks.py has their equations):
+#   post            the Grassmann paper's post-LN Transformer block (Zhang 2025, §3.2)
+#   pre             pre-LN: x + f(LN(x)) around the mixer and around the feed-forward
+#   pre_layerscale  pre-LN with LayerScale γ (init 1e-5) on both branches (ToST's)
+#   pre_rms         x + mixer(RMSNorm(x)), no feed-forward (Mamba's)
+BLOCKS: tuple[str, ...] = ("post", "pre", "pre_layerscale", "pre_rms")
+
 MIXERS: tuple[MixerEntry, ...] = (
-    MixerEntry("softmax", "seqmix.mixers.softmax:SoftmaxAttention", "Softmax", True, True, "#1f77b4"),
-    MixerEntry("grassmann", "seqmix.mixers.grassmann:CausalGrassmann", "Grassmann", True, True, "#d62728"),
-    MixerEntry("linear", "seqmix.mixers.linear:LinearAttention", "Linear (elu+1)", True, True, "#ff7f0e"),
-    MixerEntry("performer", "seqmix.mixers.performer:Performer", "Performer", True, True, "#bcbd22"),
-    MixerEntry("sliding_window", "seqmix.mixers.sliding_window:SlidingWindowAttention", "Sliding window", True, True, "#2ca02c"),
-    MixerEntry("bigbird", "seqmix.mixers.bigbird:BigBirdAttention", "BigBird", True, True, "#17becf"),
-    MixerEntry("gla", "seqmix.mixers.gla:GatedLinearAttention", "GLA", True, False, "#9467bd"),
-    MixerEntry("h3", "seqmix.mixers.h3:H3", "H3", True, False, "#8c564b"),
-    MixerEntry("mamba", "seqmix.mixers.mamba:Mamba", "Mamba", True, False, "#e377c2"),
-    MixerEntry("tssa", "seqmix.mixers.tssa:TokenStatisticsAttention", "ToST (TSSA)", True, True, "#7f7f7f"),
-    MixerEntry("crate", "seqmix.mixers.crate:CrateAttention", "CRATE", True, True, "#393b79"),
-    MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#98df8a"),
+    MixerEntry("softmax", "seqmix.mixers.softmax:SoftmaxAttention", "Softmax", True, True, "#1f77b4", "post"),
+    MixerEntry("grassmann", "seqmix.mixers.grassmann:CausalGrassmann", "Grassmann", True, True, "#d62728", "post"),
+    MixerEntry("linear", "seqmix.mixers.linear:LinearAttention", "Linear (elu+1)", True, True, "#ff7f0e", "post"),
+    MixerEntry("performer", "seqmix.mixers.performer:Performer", "Performer", True, True, "#bcbd22", "post"),
+    MixerEntry("sliding_window", "seqmix.mixers.sliding_window:SlidingWindowAttention", "Sliding window", True, True, "#2ca02c", "post"),
+    MixerEntry("bigbird", "seqmix.mixers.bigbird:BigBirdAttention", "BigBird", True, True, "#17becf", "post"),
+    MixerEntry("gla", "seqmix.mixers.gla:GatedLinearAttention", "GLA", True, False, "#9467bd", "pre"),
+    MixerEntry("h3", "seqmix.mixers.h3:H3", "H3", True, False, "#8c564b", "pre"),
+    MixerEntry("mamba", "seqmix.mixers.mamba:Mamba", "Mamba", True, False, "#e377c2", "pre_rms"),
+    MixerEntry("tssa", "seqmix.mixers.tssa:TokenStatisticsAttention", "ToST (TSSA)", True, True, "#7f7f7f", "pre_layerscale"),
+    MixerEntry("crate", "seqmix.mixers.crate:CrateAttention", "CRATE", True, True, "#393b79", "pre"),
+    MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#98df8a", "post"),
 )
 
 TASKS: tuple[TaskEntry, ...] = (

@@ -1,5 +1,8 @@
 """Causal Grassmann mixing ("Attention Is Not What You Need", REFERENCE.md §1.2-1.5).
 
+Block: post-LN (``post``), the paper's own (Zhang 2025, arXiv:2512.19428, §3.2), with no
+residual around the layer: its gate blends the input in (``residual_in_mixer``).
+
 Each token is reduced to z_t ∈ R^r, paired with earlier tokens at a few offsets Δ, and the
 2-plane span(z_t, z_{t-Δ}) is encoded by its Plücker coordinates p_ij = a_i b_j - a_j b_i
 (i < j, r(r-1)/2 numbers). Their projection g_t is gated back into the stream:
