@@ -6,10 +6,10 @@ builds it (budget solved, its block, its mixer options), without any data
 (``Task.without_data``), and one training step on a made-up batch of the run's shapes is
 run on the CPU in fp32 under ``torch.utils.flop_counter.FlopCounterMode`` (FLOPs of the
 matmul-class ops it has formulas for: linear, bmm, convolution, SDPA; elementwise work such
-as scans is not counted) while a dispatch mode tracks the bytes of every tensor the step
-allocates and frees. Both are taken at batch 1 and 2 and extended linearly to the run's
-batch (FLOPs and the activations a forward pass keeps are linear in the batch). Per task
-and architecture the plan reports:
+as scans is not counted; SDPA's CPU kernel is counted as its GPU kernels), at batch 1 and
+times the run's batch (FLOPs are linear in it); a dispatch mode tracks the bytes of every
+tensor a forward pass allocates and keeps, at batch 1 and 2, extended linearly to the
+run's batch. Per task and architecture the plan reports:
 
     runs          training runs (sweep points × seeds)
     params        parameters of the model (the largest over a sweep)
@@ -111,19 +111,48 @@ class StepCost:
     tokens: int  # tokens (sequence positions) in one training batch
 
 
-def _one_step(task, model, batch_size: int) -> tuple[float, float, float, int]:
-    batch = task.example_batch(batch_size, "cpu")
+def _flops_per_example(task, model) -> tuple[float, float, int]:
+    """(forward and backward FLOPs, forward FLOPs, tokens) of one example: FLOPs are linear
+    in the batch (there is no per-batch matmul work)."""
+    batch = task.example_batch(1, "cpu")
     model.train()
-    with flop_counter() as flops:
-        with LiveBytes() as live:
-            loss = task.loss(model, batch)
-        held = live.live  # what the backward pass will read: linear in the batch
+    with flop_counter() as forward:
+        loss = task.loss(model, batch)
+    with flop_counter() as backward:
         loss.backward()
     model.zero_grad(set_to_none=True)
+    fwd = forward.get_total_flops()
+    return fwd + backward.get_total_flops(), fwd, int(batch[0].numel())
+
+
+def activation_bytes(task, model, batch_size: int, device="cpu") -> float:
+    """Bytes a forward pass of ``model`` at ``batch_size`` keeps for its backward pass,
+    extended linearly from batches of 1 and 2 (nothing at the full batch is allocated). In
+    eval mode: no dropout masks (a byte per element), no random draws, no state advanced
+    (the Performer counts training calls), so training afterwards is unchanged."""
+    held, was_training = [], model.training
     model.eval()
-    with torch.no_grad(), flop_counter() as eval_flops:
-        task.loss(model, batch)
-    return flops.get_total_flops(), eval_flops.get_total_flops(), held, int(batch[0].numel())
+    for b in (1, 2):
+        with LiveBytes() as live:
+            loss = task.loss(model, task.example_batch(b, device))
+        held.append(live.live)
+        del loss
+    model.train(was_training)
+    return held[0] + (held[1] - held[0]) * (batch_size - 1)
+
+
+def memory_problem(task, model, batch_size: int, device: torch.device) -> str | None:
+    """A training step that cannot fit this machine: its activations and 16 bytes per
+    parameter (weights, gradients, AdamW moments) against the memory it has; None if it fits."""
+    params = sum(p.numel() for p in model.parameters())
+    need = activation_bytes(task, model, batch_size, device) + TRAIN_BYTES_PER_PARAM * params
+    have = available_memory(device.type)
+    if need <= have:
+        return None
+    return (f"a training step of {task.spec.label} needs about {need / GIB:.1f} GiB (activations at batch "
+            f"{batch_size} and {TRAIN_BYTES_PER_PARAM} bytes per parameter), and this machine has "
+            f"{have / GIB:.1f} GiB available: lower train.batch_size or model.d_model, or run it on a GPU "
+            "with that much memory (python -m seqmix plan shows every run's)")
 
 
 _SIZES: dict[str, Size] = {}
@@ -145,10 +174,9 @@ def measure_step(spec: RunSpec) -> StepCost:
     size = solved_size(spec)
     torch.manual_seed(0)
     model = task.build_model(size.d_model, size.n_layers, size.d_ff_mult)
-    one, two = _one_step(task, model, 1), _one_step(task, model, 2)
+    train_flops, eval_flops, tokens = _flops_per_example(task, model)
     B = spec.train.batch_size
-    at_b = [a + (b - a) * (B - 1) for a, b in zip(one, two)]
-    return StepCost(size.params, at_b[0], at_b[1], at_b[2], int(at_b[3]))
+    return StepCost(size.params, B * train_flops, B * eval_flops, activation_bytes(task, model, B), B * tokens)
 
 
 def _cost_key(spec: RunSpec) -> str:

@@ -27,6 +27,7 @@ from seqmix.io import write_csv, write_json
 from seqmix.mixers.base import force_reference
 from seqmix.models.blocks import stack_reach
 from seqmix.models.budget import solve_budget
+from seqmix.plan import memory_problem
 from seqmix.sections import TrainSpec
 from seqmix.spec import RunSpec
 from seqmix.tasks import make_task
@@ -153,6 +154,8 @@ def start(spec: RunSpec) -> Run:
     task = make_task(spec)  # checks every data file against its manifest first
     model, size = build_for_spec(spec, task)
     model.to(device)
+    if (problem := memory_problem(task, model, train.batch_size, device)) is not None:
+        raise ConfigError(problem)  # before step 1, instead of the kernel's OOM kill mid-run
     opt = make_optimizer(model, train)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train))
     run = Run(spec, task, model, opt, sched, device, size, spec_hash(spec), Progress())
