@@ -57,7 +57,7 @@ paper-smoke: install latex
 	$(SNAKEMAKE) --configfile config/paper-smoke.yaml
 	cp paper/report.pdf results/paper-smoke/report.pdf
 	python -m seqmix benchmarks results/paper-smoke/benchmarks --out results/paper-smoke/benchmarks.csv \
-		--markdown results/paper-smoke/benchmarks.md
+		--markdown results/paper-smoke/benchmarks.md --readme README.md
 
 plan: install
 	python -m seqmix plan --config config/paper.yaml --no-local-checks --out results/paper/plan.csv --readme README.md

@@ -338,3 +338,17 @@ def test_dropout_acts_only_in_training():
     x = torch.randn(1, 6, 8)
     b2 = copy.deepcopy(block).eval()
     torch.testing.assert_close(block.eval()(x), b2(x))
+
+
+def test_the_readme_says_which_block_each_architecture_trains_in():
+    """The README's table of blocks is the catalogue's (a changed block shows here)."""
+    from .conftest import REPO
+
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("### Blocks"):text.index("### What it costs")]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[1] in catalogue.BLOCKS:
+            rows[cells[0]] = cells[1]
+    assert rows == {m.label: m.block for m in catalogue.MIXERS}

@@ -19,7 +19,7 @@ from seqmix.plan import (
     measure_step,
     plan_rows,
     precision_problems,
-    splice_readme,
+    splice_between,
     totals,
 )
 from seqmix.study import run_spec, runs
@@ -140,7 +140,31 @@ def test_a_complexity_length_beyond_the_machines_memory_is_refused(tmp_path):
 
 def test_the_readme_table_is_spliced_between_its_markers():
     readme = f"intro\n{README_BEGIN}\nold table\n{README_END}\nrest\n"
-    out = splice_readme(readme, "| new |\n")
+    out = splice_between(readme, README_BEGIN, README_END, "| new |\n")
     assert out == f"intro\n{README_BEGIN}\n| new |\n{README_END}\nrest\n"
-    with pytest.raises(ValueError, match="no plan markers"):
-        splice_readme("no markers", "x")
+    with pytest.raises(ValueError, match="no markers"):
+        splice_between("no markers", README_BEGIN, README_END, "x")
+
+
+def test_benchmark_files_are_summed_per_rule(tmp_path):
+    """Snakemake's benchmark TSVs (s, max_rss in MB, cpu_time) per rule, the largest job named."""
+    import os
+
+    from seqmix.report.benchmarks import elapsed_s, markdown, read_benchmarks, summarise
+
+    head = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    files = {"train/wikitext2/mamba/seed0.tsv": (100.0, 900.0, 180.0, 1000),
+             "train/wikitext2/softmax/seed0.tsv": (50.0, 1200.0, 90.0, 1100),
+             "report.tsv": (10.0, "NA", 5.0, 1200)}
+    for name, (s, rss, cpu, end) in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(head + f"{s}\t0:00:00\t{rss}\t0\t0\t0\t0\t0\t0\t{cpu}\n")
+        os.utime(path, (end, end))
+    rows = read_benchmarks(tmp_path)
+    (train, report) = summarise(rows)
+    assert train == {"rule": "train", "jobs": 2, "wall_s": 150.0, "max_wall_s": 100.0, "cpu_s": 270.0,
+                     "max_rss_mb": 1200.0, "worst": "wikitext2/softmax/seed0"}
+    assert report["rule"] == "report" and report["max_rss_mb"] == 0.0 and report["worst"] == "-"
+    assert elapsed_s(rows) == 1200 - 900  # the first job started at 1000 - 100
+    assert "| train | 2 | 150 | 100 | 270 | 1200 | wikitext2/softmax/seed0 |" in markdown(summarise(rows), 300)

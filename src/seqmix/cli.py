@@ -163,7 +163,8 @@ def cmd_plan(args) -> int:
     if args.markdown:
         write_text(args.markdown, table)
     if args.readme:
-        write_text(args.readme, plan.splice_readme(Path(args.readme).read_text(), table))
+        write_text(args.readme, plan.splice_between(Path(args.readme).read_text(), plan.README_BEGIN,
+                                                     plan.README_END, table))
     return 4 if problems else 0
 
 
@@ -171,13 +172,19 @@ def cmd_benchmarks(args) -> int:
     from seqmix.io import write_csv, write_text
     from seqmix.report import benchmarks
 
-    summary = benchmarks.summarise(benchmarks.read_benchmarks(args.dir))
-    table = benchmarks.markdown(summary)
+    from seqmix.plan import splice_between
+
+    rows = benchmarks.read_benchmarks(args.dir)
+    summary = benchmarks.summarise(rows)
+    table = benchmarks.markdown(summary, benchmarks.elapsed_s(rows))
     print(table, end="")
     if args.out:
         write_csv(args.out, summary, benchmarks.FIELDS)
     if args.markdown:
         write_text(args.markdown, table)
+    if args.readme:
+        begin, end = benchmarks.README_MARKERS
+        write_text(args.readme, splice_between(Path(args.readme).read_text(), begin, end, table))
     return 0
 
 
@@ -278,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("dir", help="<results_dir>/benchmarks")
     sp.add_argument("--out", help="also write the summary as CSV here")
     sp.add_argument("--markdown", help="also write the Markdown table here")
+    sp.add_argument("--readme", help="replace the table between the smoke markers of this README")
 
     sp = _add(sub, "mixers", cmd_mixers, "list every catalogued mixer with its parameter count at one width")
     sp.add_argument("--d-model", type=int, default=256)
