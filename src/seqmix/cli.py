@@ -170,9 +170,8 @@ def cmd_plan(args) -> int:
 
 def cmd_benchmarks(args) -> int:
     from seqmix.io import write_csv, write_text
-    from seqmix.report import benchmarks
-
     from seqmix.plan import splice_between
+    from seqmix.report import benchmarks
 
     rows = benchmarks.read_benchmarks(args.dir)
     summary = benchmarks.summarise(rows)
