@@ -9,7 +9,8 @@ matmul-class ops it has formulas for: linear, bmm, convolution, SDPA; elementwis
 as scans is not counted; SDPA's CPU kernel is counted as its GPU kernels), at batch 1 and
 times the run's batch (FLOPs are linear in it); a dispatch mode tracks the bytes of every
 tensor a forward pass allocates and keeps, at batch 1 and 2, extended linearly to the
-run's batch. Per task and architecture the plan reports:
+run's batch (and the peak of forward and backward the same way). Per task and
+architecture the plan reports:
 
     runs          training runs (sweep points × seeds)
     params        parameters of the model (the largest over a sweep)
@@ -21,8 +22,9 @@ run's batch. Per task and architecture the plan reports:
     act_gib       activation memory of one training step: the tensors alive at the end of
                   its forward pass, which the backward pass reads (fp32; bf16 autocast keeps
                   some in half), GiB
-    train_gib     act_gib + weights, gradients and AdamW's two moments (16 bytes per
-                  parameter); a backward pass's temporaries come on top
+    train_gib     the most memory one training step holds: the peak of its forward and
+                  backward passes (activations, the backward's temporaries, gradients) plus
+                  fp32 weights and AdamW's two moments (12 bytes per parameter), GiB
     h100_hours    pflop / (peak × MFU): the peak is the H100 SXM's dense BF16 tensor-core
                   rate, 989.4 TFLOP/s (NVIDIA H100 datasheet); the MFU is an assumption
                   (``--mfu``, default 5 %: models of 1-13M parameters keep an H100 far from
@@ -54,7 +56,7 @@ from seqmix.tasks import task_class
 
 H100_BF16_PEAK = 989.4e12  # FLOP/s, H100 SXM5, dense BF16 (NVIDIA H100 Tensor Core GPU datasheet)
 DEFAULT_MFU = 0.05
-TRAIN_BYTES_PER_PARAM = 16  # fp32 weights, their gradients, AdamW's exp_avg and exp_avg_sq
+STATE_BYTES_PER_PARAM = 12  # fp32 weights, AdamW's exp_avg and exp_avg_sq (gradients are in the peak)
 GIB = 2**30
 
 FIELDS = ["task", "arch", "block", "runs", "params", "tokens", "pflop", "act_gib", "train_gib", "h100_hours"]
@@ -108,6 +110,7 @@ class StepCost:
     train_flops: float  # one optimiser step's forward and backward
     eval_flops: float  # one evaluation batch's forward
     activation_bytes: float  # tensors alive at the end of the forward pass (kept for backward)
+    peak_bytes: float  # the most alive at once in the forward and backward passes
     tokens: int  # tokens (sequence positions) in one training batch
 
 
@@ -125,34 +128,43 @@ def _flops_per_example(task, model) -> tuple[float, float, int]:
     return fwd + backward.get_total_flops(), fwd, int(batch[0].numel())
 
 
-def activation_bytes(task, model, batch_size: int, device="cpu") -> float:
-    """Bytes a forward pass of ``model`` at ``batch_size`` keeps for its backward pass,
-    extended linearly from batches of 1 and 2 (nothing at the full batch is allocated). In
-    eval mode: no dropout masks (a byte per element), no random draws, no state advanced
-    (the Performer counts training calls), so training afterwards is unchanged."""
-    held, was_training = [], model.training
+def step_bytes(task, model, batch_size: int, device="cpu") -> tuple[float, float]:
+    """(activations, peak) of one forward and backward pass at ``batch_size``: the bytes the
+    forward pass keeps for the backward pass, and the most alive at once during both
+    (gradients included), each measured at batches of 1 and 2 and extended linearly (nothing
+    at the full batch is allocated). The peak is at least activations + gradients (at tiny
+    batches the gradients' allocation hides the batch's share of the peak). In eval mode: no
+    dropout masks (a byte per element), no random draws, no state advanced (the Performer
+    counts training calls), so training afterwards is unchanged."""
+    held, peaks, was_training = [], [], model.training
     model.eval()
     for b in (1, 2):
         with LiveBytes() as live:
             loss = task.loss(model, task.example_batch(b, device))
-        held.append(live.live)
+            held.append(live.live)
+            loss.backward()
+        peaks.append(live.peak)
         del loss
+        model.zero_grad(set_to_none=True)
     model.train(was_training)
-    return held[0] + (held[1] - held[0]) * (batch_size - 1)
+    activations = held[0] + (held[1] - held[0]) * (batch_size - 1)
+    grads = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return activations, max(peaks[0] + (peaks[1] - peaks[0]) * (batch_size - 1), activations + grads)
 
 
 def memory_problem(task, model, batch_size: int, device: torch.device) -> str | None:
-    """A training step that cannot fit this machine: its activations and 16 bytes per
-    parameter (weights, gradients, AdamW moments) against the memory it has; None if it fits."""
+    """A training step that cannot fit this machine: the peak of its forward and backward
+    passes plus 12 bytes per parameter (fp32 weights, AdamW's two moments) against the
+    memory it has; None if it fits."""
     params = sum(p.numel() for p in model.parameters())
-    need = activation_bytes(task, model, batch_size, device) + TRAIN_BYTES_PER_PARAM * params
+    need = step_bytes(task, model, batch_size, device)[1] + STATE_BYTES_PER_PARAM * params
     have = available_memory(device.type)
     if need <= have:
         return None
-    return (f"a training step of {task.spec.label} needs about {need / GIB:.1f} GiB (activations at batch "
-            f"{batch_size} and {TRAIN_BYTES_PER_PARAM} bytes per parameter), and this machine has "
-            f"{have / GIB:.1f} GiB available: lower train.batch_size or model.d_model, or run it on a GPU "
-            "with that much memory (python -m seqmix plan shows every run's)")
+    return (f"a training step of {task.spec.label} needs about {need / GIB:.1f} GiB (its forward and backward "
+            f"at batch {batch_size}, weights and AdamW's moments), and this machine has {have / GIB:.1f} GiB "
+            "available: lower train.batch_size or model.d_model, or run it on a GPU with that much memory "
+            "(python -m seqmix plan shows every run's)")
 
 
 _SIZES: dict[str, Size] = {}
@@ -176,7 +188,8 @@ def measure_step(spec: RunSpec) -> StepCost:
     model = task.build_model(size.d_model, size.n_layers, size.d_ff_mult)
     train_flops, eval_flops, tokens = _flops_per_example(task, model)
     B = spec.train.batch_size
-    return StepCost(size.params, B * train_flops, B * eval_flops, activation_bytes(task, model, B), B * tokens)
+    activations, peak = step_bytes(task, model, B)
+    return StepCost(size.params, B * train_flops, B * eval_flops, activations, peak, B * tokens)
 
 
 def _cost_key(spec: RunSpec) -> str:
@@ -217,7 +230,7 @@ def plan_rows(study: Study, mfu: float = DEFAULT_MFU, peak: float = H100_BF16_PE
             row["pflop"] += n_seeds * flops / 1e15
             row["act_gib"] = max(row["act_gib"], step.activation_bytes / GIB)
             row["train_gib"] = max(row["train_gib"],
-                                   (step.activation_bytes + TRAIN_BYTES_PER_PARAM * step.params) / GIB)
+                                   (step.peak_bytes + STATE_BYTES_PER_PARAM * step.params) / GIB)
     for row in rows.values():
         row["h100_hours"] = row["pflop"] * 1e15 / (peak * mfu) / 3600
     return list(rows.values())
