@@ -114,42 +114,53 @@ class StepCost:
     tokens: int  # tokens (sequence positions) in one training batch
 
 
-def _flops_per_example(task, model) -> tuple[float, float, int]:
-    """(forward and backward FLOPs, forward FLOPs, tokens) of one example: FLOPs are linear
-    in the batch (there is no per-batch matmul work)."""
-    batch = task.example_batch(1, "cpu")
-    model.train()
-    with flop_counter() as forward:
-        loss = task.loss(model, batch)
-    with flop_counter() as backward:
-        loss.backward()
-    model.zero_grad(set_to_none=True)
-    fwd = forward.get_total_flops()
-    return fwd + backward.get_total_flops(), fwd, int(batch[0].numel())
+@dataclasses.dataclass(frozen=True)
+class SmallSteps:
+    """Forward and backward passes at batches 1 and 2 (``_small_steps``)."""
+
+    held: tuple[float, float]  # bytes the forward pass keeps for the backward pass
+    peaks: tuple[float, float]  # the most bytes alive at once in both passes
+    forward_flops: float  # at batch 1
+    backward_flops: float  # at batch 1
+    tokens: int  # at batch 1
 
 
-def step_bytes(task, model, batch_size: int, device="cpu") -> tuple[float, float]:
+def _small_steps(task, model, device="cpu") -> SmallSteps:
+    """Eval mode: no dropout masks (a byte per element), no random draws, no state advanced
+    (the Performer counts training calls), so training afterwards is unchanged."""
+    held, peaks, flops, was_training = [], [], [], model.training
+    model.eval()
+    for b in (1, 2):
+        batch = task.example_batch(b, device)
+        with LiveBytes() as live:
+            with flop_counter() as forward:
+                loss = task.loss(model, batch)
+            held.append(live.live)
+            with flop_counter() as backward:
+                loss.backward()
+        peaks.append(live.peak)
+        flops.append((forward.get_total_flops(), backward.get_total_flops()))
+        del loss
+        model.zero_grad(set_to_none=True)
+    model.train(was_training)
+    tokens = int(task.example_batch(1, device)[0].numel())
+    return SmallSteps((held[0], held[1]), (peaks[0], peaks[1]), flops[0][0], flops[0][1], tokens)
+
+
+def _extend(pair: tuple[float, float], batch_size: int) -> float:
+    return pair[0] + (pair[1] - pair[0]) * (batch_size - 1)
+
+
+def step_bytes(task, model, batch_size: int, device="cpu", small: SmallSteps | None = None) -> tuple[float, float]:
     """(activations, peak) of one forward and backward pass at ``batch_size``: the bytes the
     forward pass keeps for the backward pass, and the most alive at once during both
     (gradients included), each measured at batches of 1 and 2 and extended linearly (nothing
     at the full batch is allocated). The peak is at least activations + gradients (at tiny
-    batches the gradients' allocation hides the batch's share of the peak). In eval mode: no
-    dropout masks (a byte per element), no random draws, no state advanced (the Performer
-    counts training calls), so training afterwards is unchanged."""
-    held, peaks, was_training = [], [], model.training
-    model.eval()
-    for b in (1, 2):
-        with LiveBytes() as live:
-            loss = task.loss(model, task.example_batch(b, device))
-            held.append(live.live)
-            loss.backward()
-        peaks.append(live.peak)
-        del loss
-        model.zero_grad(set_to_none=True)
-    model.train(was_training)
-    activations = held[0] + (held[1] - held[0]) * (batch_size - 1)
+    batches the gradients' allocation hides the batch's share of the peak)."""
+    small = small or _small_steps(task, model, device)
+    activations = _extend(small.held, batch_size)
     grads = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return activations, max(peaks[0] + (peaks[1] - peaks[0]) * (batch_size - 1), activations + grads)
+    return activations, max(_extend(small.peaks, batch_size), activations + grads)
 
 
 def memory_problem(task, model, batch_size: int, device: torch.device) -> str | None:
@@ -186,10 +197,12 @@ def measure_step(spec: RunSpec) -> StepCost:
     size = solved_size(spec)
     torch.manual_seed(0)
     model = task.build_model(size.d_model, size.n_layers, size.d_ff_mult)
-    train_flops, eval_flops, tokens = _flops_per_example(task, model)
+    small = _small_steps(task, model)
     B = spec.train.batch_size
-    activations, peak = step_bytes(task, model, B)
-    return StepCost(size.params, B * train_flops, B * eval_flops, activations, peak, B * tokens)
+    activations, peak = step_bytes(task, model, B, small=small)
+    # FLOPs are linear in the batch (there is no per-batch matmul work): batch 1 times B.
+    return StepCost(size.params, B * (small.forward_flops + small.backward_flops), B * small.forward_flops,
+                    activations, peak, B * small.tokens)
 
 
 def _cost_key(spec: RunSpec) -> str:
