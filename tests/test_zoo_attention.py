@@ -460,7 +460,7 @@ def test_crate_sdpa_equals_written_out_mssa(causal):
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_block_drops_the_residual_around_ista(norm):
     torch.manual_seed(0)
-    block = Block("crate", 8, {"n_heads": 2}, d_ff=32, dropout=0.0, norm=norm).to(F64).eval()
+    block = Block("crate", 8, {"n_heads": 2}, d_ff=32, dropout=0.0, block=norm).to(F64).eval()
     h = torch.randn(2, 5, 8, dtype=F64)
     if norm == "post":
         mid = block.norm1(h + block.mixer(h))
@@ -470,7 +470,7 @@ def test_block_drops_the_residual_around_ista(norm):
         expected = block.ffn(block.norm2(mid))
     torch.testing.assert_close(block(h), expected, atol=1e-14, rtol=0)
     # every other mixer keeps the residual around its feed-forward
-    soft = Block("softmax", 8, {"n_heads": 2}, d_ff=32, dropout=0.0, norm=norm).to(F64).eval()
+    soft = Block("softmax", 8, {"n_heads": 2}, d_ff=32, dropout=0.0, block=norm).to(F64).eval()
     if norm == "post":
         mid = soft.norm1(h + soft.mixer(h))
         expected = soft.norm2(mid + soft.ffn(mid))

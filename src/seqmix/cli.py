@@ -190,6 +190,47 @@ def cmd_throughput(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from seqmix import plan
+    from seqmix.io import write_csv, write_text
+
+    study = load_config(args.config)
+    problems = plan.preflight(study, local=not args.no_local_checks)
+    for p in problems:
+        print(f"problem: {p}", file=sys.stderr)
+    progress = None if args.quiet else (lambda what: print(f"counting {what}", file=sys.stderr))
+    rows = plan.plan_rows(study, mfu=args.mfu, peak=args.peak_tflops * 1e12, progress=progress)
+    table = plan.markdown(rows, args.mfu, args.peak_tflops * 1e12)
+    print(table, end="")
+    if args.out:
+        write_csv(args.out, [*rows, plan.totals(rows)], plan.FIELDS)
+    if args.markdown:
+        write_text(args.markdown, table)
+    if args.readme:
+        write_text(args.readme, plan.splice_between(Path(args.readme).read_text(), plan.README_BEGIN,
+                                                     plan.README_END, table))
+    return 4 if problems else 0
+
+
+def cmd_benchmarks(args) -> int:
+    from seqmix.io import write_csv, write_text
+    from seqmix.plan import splice_between
+    from seqmix.report import benchmarks
+
+    rows = benchmarks.read_benchmarks(args.dir)
+    summary = benchmarks.summarise(rows)
+    table = benchmarks.markdown(summary, benchmarks.elapsed_s(rows))
+    print(table, end="")
+    if args.out:
+        write_csv(args.out, summary, benchmarks.FIELDS)
+    if args.markdown:
+        write_text(args.markdown, table)
+    if args.readme:
+        begin, end = benchmarks.README_MARKERS
+        write_text(args.readme, splice_between(Path(args.readme).read_text(), begin, end, table))
+    return 0
+
+
 def cmd_mixers(args) -> int:
     from seqmix.mixers.table import print_mixers
 
@@ -279,6 +320,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", default="auto")
 
     _add(sub, "runs", cmd_runs, "list the run directories the config trains")
+
+    sp = _add(sub, "plan", cmd_plan, "what the study costs (runs, tokens, FLOPs, memory, H100 hours) and what "
+              "would fail at its shapes")
+    sp.add_argument("--mfu", type=float, default=0.05, help="assumed model FLOP utilisation (default 0.05)")
+    sp.add_argument("--peak-tflops", type=float, default=989.4, help="peak FLOP/s in TFLOP/s (default: H100 SXM dense BF16)")
+    sp.add_argument("--out", help="also write the table as CSV here")
+    sp.add_argument("--markdown", help="also write the Markdown table here")
+    sp.add_argument("--readme", help="replace the table between the plan markers of this README")
+    sp.add_argument("--no-local-checks", action="store_true", help="skip the checks of this machine (GPU, memory)")
+    sp.add_argument("--quiet", action="store_true")
+
+    sp = _add(sub, "benchmarks", cmd_benchmarks, "time and peak memory of every job of a DAG run, per rule "
+              "(Snakemake's benchmark files)", config=False)
+    sp.add_argument("dir", help="<results_dir>/benchmarks")
+    sp.add_argument("--out", help="also write the summary as CSV here")
+    sp.add_argument("--markdown", help="also write the Markdown table here")
+    sp.add_argument("--readme", help="replace the table between the smoke markers of this README")
 
     sp = _add(sub, "mixers", cmd_mixers, "list every catalogued mixer with its parameter count at one width")
     sp.add_argument("--d-model", type=int, default=256)

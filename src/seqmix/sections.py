@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from seqmix import catalogue
 
@@ -60,6 +60,8 @@ class Budget(Section):
     width_step: int = Field(16, ge=1, description="d_model candidates are multiples of this")
     max_width: int = Field(1024, ge=1)
     max_depth: int = Field(48, ge=1)
+    tolerance: float | None = Field(None, gt=0, description="relative tolerance on the count (0.01 = ±1 %): outside it d_ff is refined at the solved width, and a budget still missed is refused; null = the closest width, unchecked")
+    ffn_step: int = Field(8, ge=1, description="d_ff candidates of that refinement are multiples of this")
 
 
 class ModelSpec(Section):
@@ -67,9 +69,39 @@ class ModelSpec(Section):
     n_layers: int = Field(6, ge=1)
     d_ff_mult: float = Field(4.0, ge=0, description="feed-forward width as a multiple of d_model; 0 = no feed-forward (zoology MQAR)")
     dropout: float = Field(0.1, ge=0, le=1)
-    norm: Literal["post", "pre"] = Field("post", description="post-LN is the Grassmann paper's block for both models")
+    block: str | dict[str, str] = Field(
+        "native",
+        description="the residual block (models/blocks.py): native = each architecture's own (catalogue.py), "
+                    f"or one of {', '.join(catalogue.BLOCKS)} for all, or per architecture "
+                    "{<arch>: <block>, default: <block>} (unlisted: default, else native)")
     tie_embeddings: bool = True
     budget: Budget = Budget()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _norm_was_renamed(cls, data):
+        if isinstance(data, dict) and "norm" in data:
+            raise ValueError(f"model.norm is now model.block: write block: {data['norm']} (or block: native, "
+                             "each architecture's own block)")
+        return data
+
+    @field_validator("block")
+    @classmethod
+    def _block_names_and_architectures(cls, v):
+        choices = ("native", *catalogue.BLOCKS)
+        bad = sorted({b for b in ([v] if isinstance(v, str) else v.values()) if b not in choices})
+        if bad:
+            raise ValueError(f"unknown block(s) {', '.join(map(repr, bad))}; choose from: {', '.join(choices)}")
+        unknown = sorted(set(v) - {"default", *catalogue.mixer_names()}) if isinstance(v, dict) else []
+        if unknown:
+            raise ValueError(f"unknown architecture(s) {', '.join(unknown)} in model.block; keys are "
+                             f"default or: {', '.join(catalogue.mixer_names())}")
+        return v
+
+    def block_for(self, arch: str) -> str:
+        """The block ``arch`` trains in under this spec: never "native"."""
+        choice = self.block if isinstance(self.block, str) else self.block.get(arch, self.block.get("default", "native"))
+        return catalogue.mixer_entry(arch).block if choice == "native" else choice
 
 
 class TrainSpec(Section):
@@ -85,6 +117,7 @@ class TrainSpec(Section):
     eval_batches: int = Field(20, ge=1, description="batches of the eval split used for periodic evaluation")
     log_every: int = Field(10, ge=1)
     checkpoint_every: int = Field(200, ge=1)
+    early_stop: float | None = Field(None, description="stop once a periodic evaluation's metric reaches this value (≥ when higher is better, else ≤; Zoology stops MQAR at 0.99 accuracy); null = every step")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast; use fp32 on CPU")
     threads: int | None = Field(None, ge=1, description="torch CPU threads per job; null = torch's default")
@@ -114,6 +147,26 @@ class TokenizerSpec(Section):
     train_split: Literal["train", "validation", "test"] = "train"
 
 
+class JobResources(Section):
+    """What one job may use: Snakemake's ``mem_mb`` (the scheduler starts no more jobs than
+    ``--resources mem_mb=`` allows together; `make` passes 90 % of this machine's memory) and
+    ``runtime`` (minutes; a cluster executor's time limit)."""
+
+    mem_mb: int = Field(ge=1)
+    runtime: int = Field(ge=1, description="minutes")
+
+
+def _jobs(mem_mb: int, runtime: int) -> JobResources:
+    return JobResources(mem_mb=mem_mb, runtime=runtime)
+
+
+class TaskResources(Section):
+    """A task's own training and evaluation jobs (null: the study's ``resources``)."""
+
+    train: JobResources | None = None
+    eval: JobResources | None = None
+
+
 class TaskSettings(Section):
     """Base of every task kind's own settings (``Task.Settings``)."""
 
@@ -125,6 +178,10 @@ class TaskCommon(Section):
     train: TrainSpec = TrainSpec()
     seeds: list[int] | None = Field(None, description="this task's seeds; null = the study's")
     architectures: list[ArchName] | None = Field(None, description="this task's architectures; null = the study's")  # type: ignore[valid-type]
+    resources: TaskResources = TaskResources()
+    mixers: dict[ArchName, dict[str, Any]] = Field(  # type: ignore[valid-type]
+        default_factory=dict,
+        description="this task's mixer options over the study's mixers.<arch>, e.g. {h3: {d_state: 64}} (Zoology's H3 d_state = L)")
     sweep: dict[str, list[Any]] = Field(
         default_factory=dict,
         description="grid of model./train. settings, e.g. {model.d_model: [32, 64], train.lr: [1e-3, 3e-3]}: one task per point, named <task>/<point>",
@@ -226,6 +283,22 @@ class ReportSpec(Section):
     title: str = "Is softmax attention what sequence models need?"
 
 
+class ResourcesSpec(Section):
+    """Per rule; defaults sized for the quick profile's CPU jobs (peak RSS measured there
+    stays under half of each), ``python -m seqmix plan`` estimates a profile's, and every
+    job's measured time and peak memory land in <results_dir>/benchmarks/."""
+
+    train: JobResources = _jobs(2000, 60)
+    eval: JobResources = _jobs(2000, 30)
+    data: JobResources = _jobs(3000, 30)
+    complexity: JobResources = _jobs(4000, 60)
+    sparsity_run: JobResources = _jobs(3000, 60)
+    geometry: JobResources = _jobs(2000, 30)
+    notebook: JobResources = _jobs(2000, 15)
+    report: JobResources = _jobs(1000, 15)
+    small: JobResources = Field(_jobs(1000, 10), description="collect, concat, sparsity_analytic")
+
+
 class StudyFile(Section):
     """The shape of a config file; task sections and mixer options are checked per entry
     (their models depend on the entry's kind or mixer)."""
@@ -241,6 +314,7 @@ class StudyFile(Section):
     mixers: dict[ArchName, dict[str, Any]] = Field(default_factory=dict, description="per-architecture options, e.g. {grassmann: {rank: 32}}")  # type: ignore[valid-type]
     analysis: AnalysisSpec = AnalysisSpec()
     report: ReportSpec = ReportSpec()
+    resources: ResourcesSpec = ResourcesSpec()
 
     _results_dir_works = field_validator("results_dir")(workflow_path)
 

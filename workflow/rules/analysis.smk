@@ -2,6 +2,7 @@
 # and the Grassmann/TSSA geometry of trained models. `snakemake --cores all analysis` builds
 # every CSV; each module's docstring documents its CSV's columns.
 rule analysis:
+    localrule: True
     input:
         f"{RESULTS}/analysis/complexity.csv",
         f"{RESULTS}/analysis/complexity_fit.csv",
@@ -21,6 +22,11 @@ rule complexity:
         cfg=lambda w: analysis_config("complexity"),
     log:
         f"{RESULTS}/logs/analysis/complexity.log",
+    benchmark:
+        benchmark_file("complexity")
+    resources:
+        mem_mb=resources_of("complexity").mem_mb,
+        runtime=resources_of("complexity").runtime,
     # All cores: timings are taken with nothing else running; first, so that it does not
     # wait for a moment when both cores are free at the end of the DAG. The claims are
     # decided on the counts (deterministic); the timings are supporting evidence.
@@ -62,6 +68,11 @@ rule sparsity_run:
         run=lambda w: run_path(w.task, w.arch, w.seed, ""),
     log:
         f"{RESULTS}/logs/analysis/sparsity/{{task}}/{{arch}}/seed{{seed}}.log",
+    benchmark:
+        benchmark_file("sparsity_run", "{task}", "{arch}", "seed{seed}")
+    resources:
+        mem_mb=resources_of("sparsity_run").mem_mb,
+        runtime=resources_of("sparsity_run").runtime,
     threads: 1
     conda:
         "../../envs/seqmix.yaml"
@@ -77,6 +88,11 @@ rule sparsity:
         f"{RESULTS}/analysis/sparsity.csv",
     log:
         f"{RESULTS}/logs/analysis/sparsity.log",
+    benchmark:
+        benchmark_file("sparsity")
+    resources:
+        mem_mb=resources_of("small").mem_mb,
+        runtime=resources_of("small").runtime,
     conda:
         "../../envs/seqmix.yaml"
     shell:
@@ -90,6 +106,11 @@ rule sparsity_analytic:
         cfg=lambda w: analysis_config("sparsity_analytic"),
     log:
         f"{RESULTS}/logs/analysis/sparsity_analytic.log",
+    benchmark:
+        benchmark_file("sparsity_analytic")
+    resources:
+        mem_mb=resources_of("small").mem_mb,
+        runtime=resources_of("small").runtime,
     threads: 1
     conda:
         "../../envs/seqmix.yaml"
@@ -107,6 +128,11 @@ rule geometry:
         cfg=lambda w: analysis_config("geometry"),
     log:
         f"{RESULTS}/logs/analysis/geometry.log",
+    benchmark:
+        benchmark_file("geometry")
+    resources:
+        mem_mb=resources_of("geometry").mem_mb,
+        runtime=resources_of("geometry").runtime,
     threads: 1
     conda:
         "../../envs/seqmix.yaml"

@@ -79,6 +79,26 @@ def train_threads(w):
     return variant(STUDY, w.task).section.train.threads or workflow.cores
 
 
+# -- resources: memory and time every job declares (config `resources`, a task's own) ---------
+
+
+def resources_of(name):
+    return getattr(STUDY.resources, name)
+
+
+def task_resources(name):
+    # A task's own train/eval resources (tasks.<task>.resources), else the study's.
+    def pick(w):
+        return getattr(variant(STUDY, w.task).section.resources, name) or resources_of(name)
+
+    return pick
+
+
+def benchmark_file(rule_name, *parts):
+    # Snakemake's benchmark: wall time and peak memory (max_rss, MB) of every job.
+    return "/".join([RESULTS, "benchmarks", rule_name, *parts]) + ".tsv"
+
+
 # -- notebooks ------------------------------------------------------------------------------
 
 with open(SRC / "notebooks" / "outputs.yaml") as _f:

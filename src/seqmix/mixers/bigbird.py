@@ -1,5 +1,8 @@
 """BigBird block-sparse attention: window + global + random (Zaheer et al. 2020, arXiv:2007.14062).
 
+Block: post-LN (``post``): BigBird replaces the attention of BERT/RoBERTa's post-LN layer
+(Zaheer et al. 2020, arXiv:2007.14062, §4), the baseline's block here.
+
 The sequence is cut into blocks of b tokens (``block_size``). Query block β attends, with
 softmax over the union, to the key blocks
 

@@ -1,5 +1,8 @@
 """Gated linear attention, GLA (Yang et al., ICML 2024, arXiv:2312.06635; fla defaults).
 
+Block: pre-LN (``pre``): the GLA Transformer is pre-norm, a GLA layer then a feed-forward,
+each with a residual (Yang et al. 2024, arXiv:2312.06635, §4); its SwiGLU/RMSNorm are not reproduced (GELU MLP, LayerNorm).
+
 Linear attention whose d_k × d_v state forgets along the key dimension with a
 data-dependent gate α_t ∈ (0, 1]^{d_k}, per head:
 

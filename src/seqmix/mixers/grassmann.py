@@ -1,6 +1,9 @@
 """Causal Grassmann mixing (Zhang 2025, "Attention Is Not What You Need: Grassmann Flows as
 an Attention-Free Alternative for Sequence Modeling", arXiv:2512.19428, §3.2).
 
+Block: post-LN (``post``), the paper's own (Zhang 2025, arXiv:2512.19428, §3.2), with no
+residual around the layer: its gate blends the input in (``residual_in_mixer``).
+
 Each token is reduced to z_t ∈ R^r, paired with earlier tokens at a few offsets Δ, and the
 2-plane span(z_t, z_{t-Δ}) is encoded by its Plücker coordinates p_ij = a_i b_j - a_j b_i
 (i < j, r(r-1)/2 numbers). Their projection g_t is gated back into the stream:

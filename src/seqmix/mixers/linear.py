@@ -1,5 +1,8 @@
 """Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs", ICML, arXiv:2006.16236).
 
+Block: post-LN (``post``): a drop-in replacement for softmax attention inside the
+Transformer layer (Katharopoulos et al. 2020, §3.2; fast-transformers' encoder layer is post-LN).
+
 Softmax's similarity exp(qᵀk) is replaced by a kernel φ(q)ᵀφ(k) with φ = elu + 1 > 0, so
 the sum over keys factorises through a d_k × d_v state:
 

@@ -1,5 +1,8 @@
 """Mamba: the selective state-space block (Gu & Dao 2023, arXiv:2312.00752).
 
+Block: Mamba's (``pre_rms``): x + Mamba(RMSNorm(x)), no separate MLP, final RMSNorm and
+out_proj scaled by 1/√n_layers (state-spaces/mamba mamba_simple.py Block, MixerModel).
+
 Per channel d of the inner width D = expand · d_model and state index n ≤ N:
 
     [x, z] = in_proj(u)                                     (d_model → 2D, no bias)
@@ -29,10 +32,6 @@ Initialisation (mamba_simple.py, re-applied by ``reset_mixer_parameters`` after 
 GPT-2 init): A_log = log(1..N) per channel, D = 1, dt_proj weight U(±dt_rank^-1/2),
 b_Δ = softplus⁻¹(Δ₀) with Δ₀ ~ LogUniform[1e-3, 1e-1] floored at 1e-4. A_log and D are
 excluded from weight decay.
-
-Note: the original Mamba stacks pre-norm residual Mamba blocks with no separate MLP. The
-shared seqmix backbone keeps its feed-forward after every mixer (so all architectures
-differ only in the mixer); set the model's ``d_ff_mult: 0`` for the MLP-free stack.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Performer / FAVOR+ (Choromanski et al., ICLR 2021, arXiv:2009.14794).
 
+Block: post-LN (``post``): FAVOR+ is a drop-in replacement for softmax attention inside
+an unchanged Transformer (Choromanski et al. 2021, arXiv:2009.14794, §1), so it keeps the baseline's block.
+
 Softmax attention's kernel exp(qᵀk/√d) is estimated with positive orthogonal random
 features, then the attention is linear attention with those features (see linear.py):
 

@@ -1,5 +1,8 @@
 """Sliding-window + global attention (Longformer, Beltagy et al. 2020, arXiv:2004.05150).
 
+Block: post-LN (``post``): Longformer's attention sits in RoBERTa's post-LN layer
+(Beltagy et al. 2020, arXiv:2004.05150, §4), the baseline's block here.
+
 Softmax attention restricted to a pattern P (w = ``window``, g = ``n_global``):
 
     causal:     j ∈ P(i)  ⇔  j ≤ i and (i − j < w  or  j < g  or  i < g)

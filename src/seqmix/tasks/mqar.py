@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from seqmix.data.manifest import MANIFEST, DataError
-from seqmix.data.mqar import prepare_mqar
+from seqmix.data.mqar import multiquery_ar, prepare_mqar
 from seqmix.sections import TaskSettings
 from seqmix.spec import DataJob
 from seqmix.tasks.base import Task, batch_generator
@@ -78,14 +78,20 @@ class MQAR(Task):
         # A model that outputs a value of the context without knowing which one.
         return 1.0 / self.settings.num_kv_pairs
 
+    def example_batch(self, batch_size, device):
+        s = self.settings
+        inputs, labels = multiquery_ar(s.vocab_size, batch_size, s.seq_len, s.num_kv_pairs, s.power_a,
+                                       s.random_non_queries, s.data_seed)
+        return torch.from_numpy(inputs).to(device), torch.from_numpy(labels).to(device)
+
     def split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         if split not in self.arrays:
             z = np.load(self.data_dir / f"{split}.npz")
             self.arrays[split] = (torch.from_numpy(z["inputs"]), torch.from_numpy(z["labels"]))
         return self.arrays[split]
 
-    def build_model(self, d_model, n_layers):
-        return causal_lm(self.spec, self.settings.vocab_size, self.settings.seq_len, d_model, n_layers)
+    def build_model(self, d_model, n_layers, d_ff_mult=None):
+        return causal_lm(self.spec, self.settings.vocab_size, self.settings.seq_len, d_model, n_layers, d_ff_mult)
 
     def train_batch(self, step, batch_size, device):
         inputs, labels = self.split("train")

@@ -70,6 +70,13 @@ class WikiText2(Task):
                     f"needs at least {need:,}; set block_size <= {tokens - (need - s.block_size)}, or "
                     f"choose a longer split for '{key}'")
 
+    def init_shapes(self):
+        self.block, self.vocab_size = self.settings.block_size, self.spec.tokenizer.vocab_size
+
+    def example_batch(self, batch_size, device):
+        chunk = torch.randint(0, self.vocab_size, (batch_size, self.block + 1), generator=batch_generator(0, 0))
+        return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
+
     @property
     def train_split(self) -> str:
         return self.settings.train_split
@@ -87,8 +94,8 @@ class WikiText2(Task):
             self.tokens[split] = np.load(self.data_dir / f"{split}.npy", mmap_mode="r")
         return self.tokens[split]
 
-    def build_model(self, d_model, n_layers):
-        return causal_lm(self.spec, self.vocab_size, self.block, d_model, n_layers)
+    def build_model(self, d_model, n_layers, d_ff_mult=None):
+        return causal_lm(self.spec, self.vocab_size, self.block, d_model, n_layers, d_ff_mult)
 
     def train_batch(self, step, batch_size, device):
         data = self.stream(self.train_split)

@@ -42,7 +42,7 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[t
     spec = run_spec_of(run_dir)
     task = make_task(spec)
     size = read_json(run_dir / "config.json")["resolved_size"]
-    model = task.build_model(size["d_model"], size["n_layers"])
+    model = task.build_model(size["d_model"], size["n_layers"], size.get("d_ff_mult"))
     path = run_dir / "model.pt"
     try:
         state = checkpoint.load(path, keys=("model",))["model"]

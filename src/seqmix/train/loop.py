@@ -34,10 +34,12 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from seqmix.config import ConfigError
 from seqmix.io import exclusive_lock, remove_stale_temps, write_csv, write_json
 from seqmix.mixers.base import force_reference
 from seqmix.models.blocks import stack_reach
 from seqmix.models.budget import solve_budget
+from seqmix.plan import memory_problem
 from seqmix.sections import TrainSpec
 from seqmix.spec import RunSpec
 from seqmix.tasks import make_task
@@ -59,6 +61,15 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("config key 'train.device' is 'cuda' but no GPU is visible; use 'auto' or 'cpu'")
     return torch.device(name)
+
+
+def check_precision(train: TrainSpec, device: torch.device) -> None:
+    """bf16 autocast on a CPU is refused before step 1: it runs many times slower than fp32
+    there (the paper profile's bf16 is meant for a GPU)."""
+    if train.precision == "bf16" and device.type == "cpu":
+        raise ConfigError("config key 'train.precision' is bf16 but this job runs on a CPU, where bf16 "
+                          "autocast is many times slower than fp32; set train.precision: fp32 for a CPU run "
+                          "(config/paper-smoke.yaml does), or run on a GPU")
 
 
 def spec_hash(spec: RunSpec) -> str:
@@ -104,10 +115,11 @@ def autocast(device: torch.device, precision: str):
 def build_for_spec(spec: RunSpec, task: Task) -> tuple[torch.nn.Module, dict]:
     """The model of a run, sized by its budget; returns (model, size record)."""
     m = spec.model
-    d, n, params = solve_budget(task.build_model, d_model=m.d_model, n_layers=m.n_layers, **m.budget.model_dump())
+    size = solve_budget(task.build_model, d_model=m.d_model, n_layers=m.n_layers, d_ff_mult=m.d_ff_mult,
+                        **m.budget.model_dump())
     torch.manual_seed(spec.seed)
-    model = task.build_model(d, n)
-    return model, {"d_model": d, "n_layers": n, "params": params, "budget": m.budget.model_dump()}
+    model = task.build_model(size.d_model, size.n_layers, size.d_ff_mult)
+    return model, {**dataclasses.asdict(size), "budget": m.budget.model_dump()}
 
 
 @dataclasses.dataclass
@@ -124,6 +136,7 @@ class Progress:
     recent: list[float] = dataclasses.field(default_factory=list)  # the train-loss window of the next log row
     status: str | None = None  # "ok" or "diverged" once the run has ended
     diverged_at: int | None = None
+    stopped_at: int | None = None  # the step at which train.early_stop was reached
 
 
 @dataclasses.dataclass
@@ -158,9 +171,12 @@ def start(spec: RunSpec) -> Run:
         torch.set_num_threads(train.threads)
     force_reference(train.reference_mixers)
     device = resolve_device(train.device)
+    check_precision(train, device)
     task = make_task(spec)  # checks every data file against its manifest, and its limits
     model, size = build_for_spec(spec, task)
     model.to(device)
+    if (problem := memory_problem(task, model, train.batch_size, device)) is not None:
+        raise ConfigError(problem)  # before step 1, instead of the kernel's OOM kill mid-run
     opt = make_optimizer(model, train)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train))
     run = Run(spec, task, model, opt, sched, device, size, spec_hash(spec), Progress())
@@ -251,6 +267,14 @@ def evaluate_now(run: Run) -> None:
     run.state.last_eval = {**ev, "step": run.state.step}
 
 
+def reached_early_stop(run: Run) -> bool:
+    """Whether the last evaluation reached ``train.early_stop`` (Zoology: 0.99 accuracy)."""
+    target, ev, task = run.spec.train.early_stop, run.state.last_eval, run.task
+    if target is None or ev is None:
+        return False
+    return ev[task.metric] >= target if task.higher_is_better else ev[task.metric] <= target
+
+
 def save_checkpoint(run: Run) -> None:
     run.state.elapsed = time.time() - run.started
     checkpoint.save_atomic({
@@ -292,6 +316,9 @@ def train_steps(run: Run, progress: bool) -> None:
             bar.set_postfix(loss=f"{state.log[-1]['loss']:.3f}")
         if step % train_cfg.eval_every == 0 or step == train_cfg.steps:
             evaluate_now(run)
+            if reached_early_stop(run) and step < train_cfg.steps:
+                state.stopped_at = step
+                break
         if step % train_cfg.checkpoint_every == 0 and step < train_cfg.steps:
             save_checkpoint(run)
     bar.close()
@@ -326,6 +353,7 @@ def metrics_of(run: Run) -> dict:
         "group": spec.group, "axes": spec.axes, "arch": spec.arch, "seed": spec.seed, **run.size,
         "metric": task.metric, "higher_is_better": task.higher_is_better,
         "steps_planned": spec.train.steps, "steps_completed": state.step, "diverged_at_step": state.diverged_at,
+        "early_stop": spec.train.early_stop, "stopped_early_at_step": state.stopped_at,
         "seen": state.seen, "seen_unit": task.progress_unit, "scored_unit": task.scored_unit,
         "reach": stack_reach(run.model.blocks), "chance": task.chance,
         "train_split": task.train_split, "eval_split": task.eval_split, "test_split": task.test_split,
