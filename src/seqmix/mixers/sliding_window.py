@@ -37,8 +37,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensor
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 
