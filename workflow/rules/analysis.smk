@@ -18,6 +18,8 @@ rule complexity:
         cfg=lambda w: analysis_config("complexity"),
     log:
         f"{RESULTS}/logs/analysis/complexity.log",
+    resources:
+        **job_resources("complexity"),
     # All cores: timings are taken with nothing else running; first, so that it does not
     # wait for a moment when both cores are free at the end of the DAG.
     threads: workflow.cores
@@ -40,6 +42,8 @@ rule sparsity_run:
         run=lambda w: run_path(w.task, w.arch, w.seed, ""),
     log:
         f"{RESULTS}/logs/analysis/sparsity/{{task}}/{{arch}}/seed{{seed}}.log",
+    resources:
+        **job_resources("sparsity_run"),
     threads: 1
     conda:
         "../../envs/seqmix.yaml"
@@ -55,6 +59,8 @@ rule sparsity:
         f"{RESULTS}/analysis/sparsity.csv",
     log:
         f"{RESULTS}/logs/analysis/sparsity.log",
+    resources:
+        **job_resources("summary"),
     conda:
         "../../envs/seqmix.yaml"
     shell:
@@ -68,6 +74,8 @@ rule sparsity_analytic:
         cfg=lambda w: analysis_config("sparsity_analytic"),
     log:
         f"{RESULTS}/logs/analysis/sparsity_analytic.log",
+    resources:
+        **job_resources("summary"),
     threads: 1
     conda:
         "../../envs/seqmix.yaml"
@@ -85,6 +93,8 @@ rule geometry:
         cfg=lambda w: analysis_config("geometry"),
     log:
         f"{RESULTS}/logs/analysis/geometry.log",
+    resources:
+        **job_resources("geometry"),
     threads: 1
     conda:
         "../../envs/seqmix.yaml"

@@ -76,6 +76,30 @@ def train_threads(w):
     return variant(STUDY, w.task).section.train.threads or workflow.cores
 
 
+# -- resources ------------------------------------------------------------------------------
+# Memory (MB) and wall time (minutes) each job declares. A cluster executor turns them into
+# its request (SLURM: sbatch --mem and --time; workflow/profiles/slurm adds nothing of its
+# own); a local run counts them only against --resources. One size per rule until the
+# config carries per-task estimates; a site overrides a rule with
+# --set-resources RULE:mem_mb=MB (or RULE:runtime=MINUTES).
+JOB_RESOURCES = {
+    "data": (4000, 60),
+    "train": (8000, 360),
+    "eval": (4000, 60),
+    "summary": (2000, 30),
+    "complexity": (8000, 120),
+    "sparsity_run": (8000, 120),
+    "geometry": (4000, 60),
+    "notebook": (2000, 30),
+    "report": (2000, 30),
+}
+
+
+def job_resources(kind):
+    mem_mb, runtime = JOB_RESOURCES[kind]
+    return {"mem_mb": mem_mb, "runtime": runtime}
+
+
 # -- notebooks ------------------------------------------------------------------------------
 
 with open(SRC / "notebooks" / "outputs.yaml") as _f:

@@ -8,6 +8,8 @@ rule data_tokenizer:
         spec=lambda w: tokenizer_job(STUDY).model_dump_json(),
     log:
         f"{RESULTS}/logs/data/tokenizer.log",
+    resources:
+        **job_resources("data"),
     conda:
         "../../envs/seqmix.yaml"
     shell:
@@ -23,6 +25,8 @@ rule data_task:
         spec=lambda w: data_job(STUDY, w.group).model_dump_json(),
     log:
         f"{RESULTS}/logs/data/{{group}}.log",
+    resources:
+        **job_resources("data"),
     conda:
         "../../envs/seqmix.yaml"
     shell:

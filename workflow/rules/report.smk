@@ -15,6 +15,8 @@ for _name in NOTEBOOKS:
             papermill=notebook_params(_name),
         log:
             f"{RESULTS}/logs/notebooks/{_name}.log",
+        resources:
+            **job_resources("notebook"),
         conda:
             "../../envs/seqmix.yaml"
         shell:
@@ -39,6 +41,8 @@ rule report:
         texinputs=lambda w, input: str(Path(input.main).parent) + "//",
     log:
         f"{RESULTS}/logs/report.log",
+    resources:
+        **job_resources("report"),
     # The Python side of the environment; latexmk and TeX Live come from the system (the
     # Makefile installs Debian's packages), in a conda run too.
     conda:

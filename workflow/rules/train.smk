@@ -14,6 +14,8 @@ rule train:
         spec=lambda w: run_spec(STUDY, w.task, w.arch, int(w.seed)).model_dump_json(),
     log:
         f"{RESULTS}/logs/train/{{task}}/{{arch}}/seed{{seed}}.log",
+    resources:
+        **job_resources("train"),
     threads: train_threads
     conda:
         "../../envs/seqmix.yaml"
@@ -31,6 +33,8 @@ rule eval:
         run=lambda w: run_path(w.task, w.arch, w.seed, ""),
     log:
         f"{RESULTS}/logs/eval/{{task}}/{{arch}}/seed{{seed}}.log",
+    resources:
+        **job_resources("eval"),
     threads: train_threads
     conda:
         "../../envs/seqmix.yaml"
@@ -48,6 +52,8 @@ rule collect:
         cfg=lambda w: study_config(),
     log:
         f"{RESULTS}/logs/collect.log",
+    resources:
+        **job_resources("summary"),
     conda:
         "../../envs/seqmix.yaml"
     shell:
