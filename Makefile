@@ -11,14 +11,20 @@ export PATH := $(BIN):$(PATH)
 LATEX_PACKAGES := latexmk texlive-latex-base texlive-latex-recommended texlive-latex-extra \
 	texlive-fonts-recommended lmodern poppler-utils
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# What the scheduler may hand out to jobs at once (each rule declares mem_mb): 90 % of this
+# machine's memory, so that two jobs that each need most of it never run side by side.
+MEM_MB ?= $(shell awk '/MemTotal/ {printf "%d", $$2 * 0.9 / 1024}' /proc/meminfo 2>/dev/null || echo 8000)
+SNAKEMAKE := snakemake --profile workflow/profiles/default --cores $(CORES) --resources mem_mb=$(MEM_MB)
 
-.PHONY: install latex report paper test test-all lint clean help
+.PHONY: install latex report paper paper-smoke plan test test-all lint clean help
 
 help:
-	@echo "make report   build paper/report.pdf and report.html with the quick profile (CPU, ~25 min)"
-	@echo "make paper    build it with config/paper.yaml (GPU)"
-	@echo "make test     run the test suite"
-	@echo "make lint     ruff check and snakemake --lint"
+	@echo "make report       build paper/report.pdf and report.html with the quick profile (CPU, ~25 min)"
+	@echo "make paper        build it with config/paper.yaml (GPU)"
+	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU, see README)"
+	@echo "make plan         what config/paper.yaml costs (runs, tokens, FLOPs, memory, H100 hours) -> README"
+	@echo "make test         run the test suite"
+	@echo "make lint         ruff check and snakemake --lint"
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,12 +44,23 @@ latex:
 	fi
 
 report: install latex
-	snakemake --profile workflow/profiles/default --cores $(CORES)
+	$(SNAKEMAKE)
 	snakemake --cores $(CORES) --report paper/report.html
 
 paper: install latex
-	snakemake --profile workflow/profiles/default --cores $(CORES) --configfile config/paper.yaml
+	$(SNAKEMAKE) --configfile config/paper.yaml
 	snakemake --cores $(CORES) --report paper/report.html --configfile config/paper.yaml
+
+# config/paper-smoke.yaml = config/paper.yaml plus its listed cuts. The report it builds is
+# copied to results/paper-smoke/ with each job's time and peak memory (benchmarks.md).
+paper-smoke: install latex
+	$(SNAKEMAKE) --configfile config/paper-smoke.yaml
+	cp paper/report.pdf results/paper-smoke/report.pdf
+	python -m seqmix benchmarks results/paper-smoke/benchmarks --out results/paper-smoke/benchmarks.csv \
+		--markdown results/paper-smoke/benchmarks.md --readme README.md
+
+plan: install
+	python -m seqmix plan --config config/paper.yaml --no-local-checks --out results/paper/plan.csv --readme README.md
 
 test: install latex
 	python -m pytest

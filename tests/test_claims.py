@@ -170,6 +170,18 @@ def test_threshold_per_width_takes_each_widths_best_point_by_eval(tmp_path):
     assert row.value == pytest.approx(0.95) and row.verdict == "disagrees"
 
 
+def test_threshold_per_width_is_not_testable_where_the_selected_run_was_still_learning(tmp_path):
+    # d 16's selected run gained 0.10 accuracy over the last quarter of its steps: its budget
+    # ran out before it settled, so the claim cannot be judged there; at most 0.02 it can.
+    per = {**THR, "task": "mqar/s", "per": "model.d_model", "requires": {"max_final_gain": 0.02}}
+    runs = [sweep_row("mqar/s", "softmax", 8, 1e-3, 0.995, 0.995, final_gain=0.0),
+            sweep_row("mqar/s", "softmax", 16, 1e-3, 0.80, 0.80, final_gain=0.10)]
+    row = evaluate(tmp_path, [per], runs).loc["thr"]
+    assert row.verdict == "not testable" and "at d_model 16 softmax was still learning" in row.why
+    runs[1]["final_gain"] = 0.02  # at the bound: settled, and 0.80 misses 0.99
+    assert evaluate(tmp_path, [per], runs).loc["thr"].verdict == "disagrees"
+
+
 # --- width_to_reach ----------------------------------------------------------------------------
 
 WIDTH = claim("width", "width_to_reach", task="mqar/s", arch="linear", baselines=["softmax"],
@@ -327,3 +339,19 @@ def test_a_complexity_claim_without_a_fitted_exponent_is_not_testable(tmp_path):
     assert row.verdict == "not testable"
     fits.loc[0, ["slope", "ci_low", "ci_high"]] = [1.3, 1.3, 1.3]
     assert evaluate(tmp_path, [lin], complexity_fit=fits).loc["lin"].verdict == "agrees"  # at the bound
+
+
+# --- final_gain: how much a run was still improving when its budget ran out -------------------
+
+
+def test_final_gain_is_the_last_quarters_improvement_in_the_better_direction(tmp_path):
+    from seqmix.report.collect import final_gain
+
+    log = "step,phase,metric_value\n10,train,\n25,eval,0.2\n50,eval,0.3\n75,eval,0.5\n100,eval,0.9\n"
+    (tmp_path / "log.csv").write_text(log)
+    m = {"steps_completed": 100, "higher_is_better": True}
+    assert final_gain(tmp_path, m) == pytest.approx(0.9 - 0.5)  # last eval minus the one at 75 %
+    assert final_gain(tmp_path, {**m, "higher_is_better": False}) == pytest.approx(0.5 - 0.9)
+    assert final_gain(tmp_path, {**m, "stopped_early_at_step": 100}) == 0.0
+    (tmp_path / "log.csv").write_text("step,phase,metric_value\n100,eval,0.9\n")
+    assert final_gain(tmp_path, m) is None

@@ -75,6 +75,8 @@ def extended_config(work: Path) -> dict:
         "mixers": {"grassmann": {"rank": 4, "offsets": [1, 2]}, "causal_mean": {"scale": 0.5}},
         "analysis": {
             "complexity": {"lengths": [8, 16, 32], "d_model": 16, "repeats": 2, "warmup": 0},
+            "throughput": {"lengths": [8, 16], "d_model": 16, "vocab_size": 64, "tokens_per_batch": 32,
+                           "warmup": 0, "steps": 1, "repeats": 2},
             "sparsity": {"tasks": ["mqar", f"{VARIANT}/d8"], "num_sequences": 2, "min_row_len": 4},
         },
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -161,11 +162,12 @@ def test_a_diverging_run_is_recorded_and_exits_cleanly(prepared_mqar, tmp_path):
 def test_budget_solver_matches_the_target_width():
     from seqmix.models.lm import CausalLM, LMConfig
 
-    def build(d, n):
-        return CausalLM(LMConfig(arch="softmax", vocab_size=1000, max_len=32, d_model=d, n_layers=n))
+    def build(d, n, f):
+        return CausalLM(LMConfig(arch="softmax", vocab_size=1000, max_len=32, d_model=d, n_layers=n, d_ff_mult=f))
 
-    d, n, count = solve_budget(build, d_model=64, n_layers=2, params=200_000, width_step=16)
-    counts = {w: solve_budget(build, d_model=w, n_layers=2, params=None)[2] for w in (d - 16, d, d + 16)}
+    d, n, _, count = dataclasses.astuple(solve_budget(build, d_model=64, n_layers=2, d_ff_mult=4.0, params=200_000,
+                                                      width_step=16))
+    counts = {w: solve_budget(build, d_model=w, n_layers=2, d_ff_mult=4.0, params=None).params for w in (d - 16, d, d + 16)}
     assert n == 2 and count == counts[d]
     assert abs(count - 200_000) <= min(abs(counts[d - 16] - 200_000), abs(counts[d + 16] - 200_000))
 

@@ -282,6 +282,15 @@ def test_sliding_window_global_projections(causal):
         torch.testing.assert_close(torch.stack(outs, 1), m(x), atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_sliding_window_mixer_dense_and_banded_paths_equal_reference(causal):
+    # window 2, one global token: the dense SDPA path up to L = 4·(2w + g) = 20, banded above.
+    m = mixers.build("sliding_window", 8, causal=causal, n_heads=2, window=2, n_global=1).to(F64)
+    for L in (7, 20, 21, 33):
+        x = torch.randn(2, L, 8, dtype=F64, requires_grad=True)
+        assert_same_fwd_bwd(m, m.forward_reference, (x,))
+
+
 # --------------------------------------------------------------------------------- bigbird
 
 
@@ -342,6 +351,16 @@ def test_bigbird_block_sparse_equals_dense(causal, L, block_size, n_global, n_ra
     m = mixers.build("bigbird", 8, causal=causal, n_heads=2, block_size=block_size,
                      n_global_blocks=n_global, n_random=n_random, seed=3)
     assert m.pattern_pairs(L) == int(m.mask(L).sum())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_bigbird_mixer_dense_and_gathered_paths_equal_reference(causal):
+    # blocks of 2, 1 random, 1 global: K·b = 8 (causal) or 10 keys per query block, so the
+    # dense SDPA path runs up to L = 32 (40) and the gathered path above.
+    m = mixers.build("bigbird", 8, causal=causal, n_heads=2, block_size=2, n_random=1, seed=0).to(F64)
+    for L in (7, 32, 45, 61):
+        x = torch.randn(2, L, 8, dtype=F64, requires_grad=True)
+        assert_same_fwd_bwd(m, m.forward_reference, (x,))
 
 
 def test_bigbird_mixer_scores_step_and_checkpointed_pattern():
@@ -441,7 +460,7 @@ def test_crate_sdpa_equals_written_out_mssa(causal):
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_block_drops_the_residual_around_ista(norm):
     torch.manual_seed(0)
-    block = Block("crate", 8, {"n_heads": 2}, d_ff=32, dropout=0.0, norm=norm).to(F64).eval()
+    block = Block("crate", 8, {"n_heads": 2}, d_ff=32, dropout=0.0, block=norm).to(F64).eval()
     h = torch.randn(2, 5, 8, dtype=F64)
     if norm == "post":
         mid = block.norm1(h + block.mixer(h))
@@ -451,7 +470,7 @@ def test_block_drops_the_residual_around_ista(norm):
         expected = block.ffn(block.norm2(mid))
     torch.testing.assert_close(block(h), expected, atol=1e-14, rtol=0)
     # every other mixer keeps the residual around its feed-forward
-    soft = Block("softmax", 8, {"n_heads": 2}, d_ff=32, dropout=0.0, norm=norm).to(F64).eval()
+    soft = Block("softmax", 8, {"n_heads": 2}, d_ff=32, dropout=0.0, block=norm).to(F64).eval()
     if norm == "post":
         mid = soft.norm1(h + soft.mixer(h))
         expected = soft.norm2(mid + soft.ffn(mid))

@@ -12,11 +12,13 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from seqmix import mixers
-from seqmix.mixers.gla import gla_chunk_reference, gla_recurrent_reference
+from seqmix.mixers.gla import gla_chunk_hierarchical, gla_chunk_reference, gla_recurrent_reference
 from seqmix.mixers.h3 import causal_conv_reference, causal_fft_conv, s4d_kernel
-from seqmix.mixers.mamba import linear_scan, selective_scan_chunked, selective_scan_reference
+from seqmix.mixers.mamba import selective_scan_chunked, selective_scan_reference
+from seqmix.mixers.scan import linear_scan, linear_scan_reference
 from seqmix.mixers.tssa import tssa_membership, tssa_reference
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.sections import TrainSpec
@@ -81,6 +83,49 @@ def test_gla_chunk_equals_recurrent_fp32(gate):
     assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-3, rtol=1e-3)
 
 
+HIERARCHICAL_SHAPES = [  # B, H, L, Dk, Dv, chunk (a power of two)
+    (1, 1, 1, 3, 2, 64),  # one token: no level, no carry
+    (2, 3, 37, 5, 4, 16),  # partial last chunk
+    (2, 2, 150, 4, 6, 64),  # several chunks, partial tail
+    (1, 2, 70, 3, 3, 8),  # 9 chunks: the carry scan runs over several
+    (1, 1, 5, 2, 2, 1),  # chunks of one token: carry only
+]
+
+
+def grads_allow_unused(out, inputs, seed=0):
+    # At L = 1 the hierarchical form never reads log α (its gradient is 0 either way).
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    return list(torch.autograd.grad(out, inputs, g, allow_unused=True, materialize_grads=True))
+
+
+@pytest.mark.parametrize("gate", ["fla", "strong", "none"])
+@pytest.mark.parametrize("B,H,L,Dk,Dv,C", HIERARCHICAL_SHAPES)
+def test_gla_hierarchical_equals_recurrent_fp64(B, H, L, Dk, Dv, C, gate):
+    inputs = gla_inputs(B, H, L, Dk, Dv, gate)
+    ref = gla_recurrent_reference(*inputs)
+    out = gla_chunk_hierarchical(*inputs, chunk_size=C)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
+    assert_all_close(grads_allow_unused(out, inputs), grads_allow_unused(ref, inputs), atol=1e-10)
+
+
+def test_gla_hierarchical_strong_decay_fp32_and_mixer_dispatch():
+    # log α down to -5 per step: finite in fp32 (every factor it forms is exp(≤ 0)).
+    inputs = gla_inputs(2, 2, 150, 8, 8, "strong", dtype=torch.float32)
+    out = gla_chunk_hierarchical(*inputs, chunk_size=64)
+    ref = gla_recurrent_reference(*inputs)
+    torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-3)
+    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-3, rtol=1e-3)
+    # The mixer takes the hierarchical form for a power-of-two chunk, the secondary-chunk
+    # form otherwise; both give the recurrent reference.
+    x = torch.randn(2, 21, 16, dtype=F64)
+    for C in (8, 6):
+        torch.manual_seed(0)
+        m = mixers.build("gla", 16, n_heads=2, chunk_size=C).to(F64)
+        q, k, v, log_alpha, _ = m._qkvg(x)
+        torch.testing.assert_close(m.core(q, k, v, log_alpha), gla_recurrent_reference(q, k, v, log_alpha),
+                                   atol=1e-10, rtol=0)
+
+
 def test_gla_without_decay_is_unnormalised_linear_attention():
     # log α = 0 (the kernel engineer's gate-free case): o = tril(q kᵀ) v, an independent
     # closed form for both functions.
@@ -142,6 +187,8 @@ def scan_inputs(Bt, D, N, L, dtype=F64, seed=0, strong=False):
         (2, 3, 4, 13, 4),  # partial last chunk
         (2, 3, 4, 150, 64),  # several chunks, partial tail
         (1, 2, 5, 300, 8),  # 38 chunks > C: the carry scan recurses twice
+        (3, 4, 2, 9, 1),  # chunks of one token
+        (2, 3, 4, 17, 16),  # two chunks, the second one token long
     ],
 )
 def test_selective_scan_chunked_equals_reference(Bt, D, N, L, chunk, strong):
@@ -158,6 +205,8 @@ def test_selective_scan_chunked_fp32_and_without_D():
     ref = selective_scan_reference(*inputs)
     out = selective_scan_chunked(*inputs, chunk_size=64)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    given = inputs[:-1]  # the hand-written backward, in fp32 too
+    assert_all_close(grads(out, given), grads(ref, given), atol=1e-3, rtol=1e-3)
 
 
 def test_linear_scan_custom_backward_gradcheck():
@@ -166,6 +215,16 @@ def test_linear_scan_custom_backward_gradcheck():
     a = torch.rand(11, 2, 3, generator=g, dtype=F64).requires_grad_()
     b = torch.randn(11, 2, 3, generator=g, dtype=F64).requires_grad_()
     assert torch.autograd.gradcheck(lambda a, b: linear_scan(a, b, 3), (a, b))
+
+
+@pytest.mark.parametrize("L,chunk", [(1, 4), (11, 3), (40, 4)])
+def test_linear_scan_equals_reference(L, chunk):
+    g = torch.Generator().manual_seed(L)
+    a = torch.rand(L, 2, 3, generator=g, dtype=F64).requires_grad_()
+    b = torch.randn(L, 2, 3, generator=g, dtype=F64).requires_grad_()
+    out, ref = linear_scan(a, b, chunk), linear_scan_reference(a, b)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    assert_all_close(grads(out, [a, b]), grads(ref, [a, b]), atol=1e-12)
 
 
 def test_linear_scan_leaves_its_inputs_untouched():
@@ -378,3 +437,61 @@ def test_flops_grow_linearly(arch):
     assert f1 > 0
     # Doubling L at most doubles the cost, up to H3's log factor (log2(8192)/log2(4096)).
     assert 1.9 < f2 / f1 < 2.2, f"{arch}: flops ratio {f2 / f1:.3f} is not linear in L"
+
+
+# ------------------------------------------------- chunk loops: backward work linear in L
+
+
+class ElementsWritten(TorchDispatchMode):
+    """Counts the elements every op writes (its outputs' numel): a deterministic measure
+    of work that exposes a gradient zero-filled at full size on every loop step."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.numel += t.numel()
+        return out
+
+
+def _gla_case(fn):
+    def run(L):
+        q, k, v, log_alpha = gla_inputs(1, 2, L, 4, 4, "fla", dtype=torch.float32)
+        return fn(q, k, v, log_alpha, 8), (q, k, v, log_alpha)
+    return run
+
+
+def _scan_case(L):
+    inputs = scan_inputs(1, 4, 4, L, dtype=torch.float32)
+    return selective_scan_chunked(*inputs, chunk_size=8), inputs
+
+
+def _favor_case(L):
+    from seqmix.mixers import performer as perf
+
+    g = torch.Generator().manual_seed(0)
+    omega = perf.gaussian_orthogonal_random_matrix(6, 4, g).float()
+    q, k, v = (torch.randn(1, 2, L, 4, generator=g, requires_grad=True) for _ in range(3))
+    k_proj, k_logf = perf.favor_projections(k, omega)
+    out = perf.causal_favor_attention(perf.query_features(q, omega, 1e-4), k_logf, k_proj, v, 1e-4, 8)
+    return out, (q, k, v)
+
+
+@pytest.mark.parametrize("case", [
+    _gla_case(gla_chunk_reference), _gla_case(gla_chunk_hierarchical), _scan_case, _favor_case,
+], ids=["gla_chunk_reference", "gla_chunk_hierarchical", "selective_scan_chunked", "causal_favor_attention"])
+def test_chunk_loop_backward_work_grows_linearly(case):
+    # Indexing one chunk of a large tensor per loop step (x[:, :, n]) makes autograd
+    # zero-fill a gradient of the full size at every step: O(L²/C) backward work. Count the
+    # elements written in backward at L and 4L (many chunks of 8 either way).
+    work = []
+    for L in (256, 1024):
+        out, inputs = case(L)
+        with ElementsWritten() as probe:
+            torch.autograd.grad(out.sum(), inputs)
+        work.append(probe.numel)
+    assert work[1] < 4.5 * work[0], f"backward work grew {work[1] / work[0]:.1f}x for 4x the length"

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+COSTS_IN_L = ("L", "L log L", "L^2")  # the values of MixerEntry.cost_in_L
+
 
 @dataclasses.dataclass(frozen=True)
 class MixerEntry:
@@ -24,6 +26,13 @@ class MixerEntry:
     causal: bool  # has a causal form: trains language models (a test holds these flags
     noncausal: bool  # equal to the class's supports_causal / supports_noncausal)
     colour: str  # its colour in every figure
+    # How its training cost (fwd+bwd FLOPs, bytes written, memory) grows with the sequence
+    # length L at fixed width: "L", "L log L" or "L^2"; None = not stated. A test counts
+    # every "L" / "L log L" mixer's fwd+bwd and fails when it grows faster (test_cost_count.py).
+    cost_in_L: str | None = None
+    # The block it trains in by default (``model.block: native``), its paper's own: one of
+    # BLOCKS, built by seqmix/models/blocks.py. A config can force one block for all.
+    block: str = "post"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,19 +42,31 @@ class TaskEntry:
     label: str  # how tables and figures print it
 
 
+# The residual blocks a mixer can sit in (seqmix/models/blocks.py has their equations):
+#   post            the Grassmann paper's post-LN Transformer block (Zhang 2025, §3.2)
+#   pre             pre-LN: x + f(LN(x)) around the mixer and around the feed-forward
+#   pre_layerscale  pre-LN with LayerScale γ (init 1e-5) on both branches (ToST's)
+#   pre_rms         x + mixer(RMSNorm(x)), no feed-forward (Mamba's)
+BLOCKS: tuple[str, ...] = ("post", "pre", "pre_layerscale", "pre_rms")
+
+# The architecture the others are measured against where a comparison needs one reference
+# (the throughput benchmark's ratios).
+BASELINE = "softmax"
+
 MIXERS: tuple[MixerEntry, ...] = (
-    MixerEntry("softmax", "seqmix.mixers.softmax:SoftmaxAttention", "Softmax", True, True, "#1f77b4"),
-    MixerEntry("grassmann", "seqmix.mixers.grassmann:CausalGrassmann", "Grassmann", True, True, "#d62728"),
-    MixerEntry("linear", "seqmix.mixers.linear:LinearAttention", "Linear (elu+1)", True, True, "#ff7f0e"),
-    MixerEntry("performer", "seqmix.mixers.performer:Performer", "Performer", True, True, "#bcbd22"),
-    MixerEntry("sliding_window", "seqmix.mixers.sliding_window:SlidingWindowAttention", "Sliding window", True, True, "#2ca02c"),
-    MixerEntry("bigbird", "seqmix.mixers.bigbird:BigBirdAttention", "BigBird", True, True, "#17becf"),
-    MixerEntry("gla", "seqmix.mixers.gla:GatedLinearAttention", "GLA", True, False, "#9467bd"),
-    MixerEntry("h3", "seqmix.mixers.h3:H3", "H3", True, False, "#8c564b"),
-    MixerEntry("mamba", "seqmix.mixers.mamba:Mamba", "Mamba", True, False, "#e377c2"),
-    MixerEntry("tssa", "seqmix.mixers.tssa:TokenStatisticsAttention", "ToST (TSSA)", True, True, "#7f7f7f"),
-    MixerEntry("crate", "seqmix.mixers.crate:CrateAttention", "CRATE", True, True, "#393b79"),
-    MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#98df8a"),
+    MixerEntry("softmax", "seqmix.mixers.softmax:SoftmaxAttention", "Softmax", True, True, "#1f77b4", "L^2", "post"),
+    MixerEntry("grassmann", "seqmix.mixers.grassmann:CausalGrassmann", "Grassmann", True, True, "#d62728", "L", "post"),
+    MixerEntry("linear", "seqmix.mixers.linear:LinearAttention", "Linear (elu+1)", True, True, "#ff7f0e", "L", "post"),
+    MixerEntry("performer", "seqmix.mixers.performer:Performer", "Performer", True, True, "#bcbd22", "L", "post"),
+    MixerEntry("sliding_window", "seqmix.mixers.sliding_window:SlidingWindowAttention", "Sliding window", True, True, "#2ca02c", "L", "post"),
+    MixerEntry("bigbird", "seqmix.mixers.bigbird:BigBirdAttention", "BigBird", True, True, "#17becf", "L", "post"),
+    MixerEntry("gla", "seqmix.mixers.gla:GatedLinearAttention", "GLA", True, False, "#9467bd", "L", "pre"),
+    MixerEntry("h3", "seqmix.mixers.h3:H3", "H3", True, False, "#8c564b", "L log L", "pre"),  # FFT convolution
+    MixerEntry("mamba", "seqmix.mixers.mamba:Mamba", "Mamba", True, False, "#e377c2", "L", "pre_rms"),
+    MixerEntry("tssa", "seqmix.mixers.tssa:TokenStatisticsAttention", "ToST (TSSA)", True, True, "#7f7f7f", "L", "pre_layerscale"),
+    MixerEntry("crate", "seqmix.mixers.crate:CrateAttention", "CRATE", True, True, "#393b79", "L^2", "pre"),
+    # Linear in L, but its E/F projections have max_len rows: non-causal only.
+    MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#98df8a", "L", "post"),
 )
 
 TASKS: tuple[TaskEntry, ...] = (

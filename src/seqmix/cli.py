@@ -16,18 +16,41 @@ from pathlib import Path
 from seqmix.config import DEFAULT_CONFIG, ConfigError, load_config
 
 
+def parse_spec(model, text: str):
+    """A job spec given as JSON (``--spec``), validated: ConfigError naming every bad key."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as e:
+        errors = e.errors()
+        problems = "; ".join(
+            f"key '{'.'.join(map(str, err['loc'])) or '<top level>'}': "
+            + ("required" if err["type"] == "missing" else err["msg"])
+            for err in errors[:8]) + (f"; and {len(errors) - 8} more" if len(errors) > 8 else "")
+        raise ConfigError(
+            f"--spec is not a valid {model.__name__} ({problems}); pass the JSON the Snakefile writes "
+            "(`snakemake -n -p` prints it), or use --config instead") from None
+
+
 def cmd_data(args) -> int:
     from seqmix.data.tokenizer import prepare_tokenizer
+    from seqmix.io import exclusive_lock, remove_stale_temps
     from seqmix.spec import DataJob, TokenizerJob
     from seqmix.study import data_job, tokenizer_job
     from seqmix.tasks import task_class
 
     if args.name == "tokenizer":
-        job = TokenizerJob.model_validate_json(args.spec) if args.spec else tokenizer_job(load_config(args.config))
-        info = prepare_tokenizer(job)
+        job = parse_spec(TokenizerJob, args.spec) if args.spec else tokenizer_job(load_config(args.config))
+        prepare = prepare_tokenizer
     else:
-        job = DataJob.model_validate_json(args.spec) if args.spec else data_job(load_config(args.config), args.name)
-        info = task_class(job.kind).prepare(job)
+        job = parse_spec(DataJob, args.spec) if args.spec else data_job(load_config(args.config), args.name)
+        prepare = task_class(job.kind).prepare
+    out_dir = Path(job.out_dir)
+    # One preparation per data directory at a time; what a killed one left is removed.
+    with exclusive_lock(out_dir / ".prepare.lock", f"data directory {out_dir}"):
+        remove_stale_temps(out_dir)
+        info = prepare(job)
     print(json.dumps({k: v for k, v in info.items() if k != "files"}, indent=2, default=str))
     return 0
 
@@ -38,7 +61,7 @@ def cmd_train(args) -> int:
     from seqmix.train.loop import train
 
     if args.spec:
-        spec = RunSpec.model_validate_json(args.spec)
+        spec = parse_spec(RunSpec, args.spec)
     elif args.task is None or args.arch is None:
         raise ConfigError("train needs --task and --arch (or --spec)")
     else:
@@ -81,10 +104,12 @@ def cmd_complexity(args) -> int:
 
     study = load_config(args.config)
     archs = args.arch or complexity_architectures(study)
-    fit_out = Path(args.fit_out or Path(args.out).with_name(Path(args.out).stem + "_fit.csv"))
+    beside = lambda suffix: Path(args.out).with_name(Path(args.out).stem + suffix)  # noqa: E731
+    fit_out = Path(args.fit_out or beside("_fit.csv"))
+    growth_out = Path(args.growth_out or beside("_growth.csv"))
     n_rows, n_fits = write_complexity(archs, study.analysis.complexity, study.mixers, Path(args.out), fit_out,
-                                      device=args.device, threads=args.threads, progress=not args.quiet)
-    print(f"wrote {n_rows} rows to {args.out} and {n_fits} fits to {fit_out}")
+                                      growth_out, device=args.device, threads=args.threads, progress=not args.quiet)
+    print(f"wrote {n_rows} rows to {args.out}, {n_fits} fits to {fit_out} and growth per doubling to {growth_out}")
     return 0
 
 
@@ -137,13 +162,73 @@ def cmd_geometry(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.what == "throughput":
+        return cmd_throughput(args)
     from seqmix.bench import kernels
 
     unknown = sorted(set(args.op or ()) - set(kernels.OPS))
     if unknown:
         raise ConfigError(f"unknown --op {', '.join(unknown)}; choose from {', '.join(kernels.OPS)}")
-    # what == "kernels" (the only benchmark so far); without a GPU: interpreter smoke, exit 0
+    # without a GPU: interpreter smoke, exit 0
     return kernels.run(args.lengths, Path(args.out) if args.out else None, args.batch, args.dtype, args.op)
+
+
+def cmd_throughput(args) -> int:
+    from seqmix.bench.throughput import format_table, throughput_architectures, write_throughput
+
+    study = load_config(args.config)
+    spec = study.analysis.throughput
+    if args.lengths:
+        spec = spec.model_copy(update={"lengths": args.lengths})
+    if args.threads:
+        spec = spec.model_copy(update={"threads": args.threads})
+    out = Path(args.out or "results/analysis/throughput.csv")
+    rows = write_throughput(args.arch or throughput_architectures(study), spec, study.mixers, out,
+                            progress=not args.quiet)
+    print(format_table(rows))
+    print(f"wrote {len(rows)} rows to {out}")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from seqmix import plan
+    from seqmix.io import write_csv, write_text
+
+    study = load_config(args.config)
+    problems = plan.preflight(study, local=not args.no_local_checks)
+    for p in problems:
+        print(f"problem: {p}", file=sys.stderr)
+    progress = None if args.quiet else (lambda what: print(f"counting {what}", file=sys.stderr))
+    rows = plan.plan_rows(study, mfu=args.mfu, peak=args.peak_tflops * 1e12, progress=progress)
+    table = plan.markdown(rows, args.mfu, args.peak_tflops * 1e12)
+    print(table, end="")
+    if args.out:
+        write_csv(args.out, [*rows, plan.totals(rows)], plan.FIELDS)
+    if args.markdown:
+        write_text(args.markdown, table)
+    if args.readme:
+        write_text(args.readme, plan.splice_between(Path(args.readme).read_text(), plan.README_BEGIN,
+                                                     plan.README_END, table))
+    return 4 if problems else 0
+
+
+def cmd_benchmarks(args) -> int:
+    from seqmix.io import write_csv, write_text
+    from seqmix.plan import splice_between
+    from seqmix.report import benchmarks
+
+    rows = benchmarks.read_benchmarks(args.dir)
+    summary = benchmarks.summarise(rows)
+    table = benchmarks.markdown(summary, benchmarks.elapsed_s(rows))
+    print(table, end="")
+    if args.out:
+        write_csv(args.out, summary, benchmarks.FIELDS)
+    if args.markdown:
+        write_text(args.markdown, table)
+    if args.readme:
+        begin, end = benchmarks.README_MARKERS
+        write_text(args.readme, splice_between(Path(args.readme).read_text(), begin, end, table))
+    return 0
 
 
 def cmd_mixers(args) -> int:
@@ -176,9 +261,11 @@ def _add(sub, name, func, help_, config=True):
 
 
 def _add_analyses(sub) -> None:
-    sp = _add(sub, "complexity", cmd_complexity, "time and peak memory of each mixer vs sequence length")
+    sp = _add(sub, "complexity", cmd_complexity,
+              "counted FLOPs, bytes written, peak memory and wall time of each mixer vs sequence length")
     sp.add_argument("--out", default="results/analysis/complexity.csv")
-    sp.add_argument("--fit-out", default=None)
+    sp.add_argument("--fit-out", default=None, help="default: <out stem>_fit.csv beside --out")
+    sp.add_argument("--growth-out", default=None, help="default: <out stem>_growth.csv beside --out")
     sp.add_argument("--arch", action="append", help="measure only this architecture (repeatable)")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
                     help="override analysis.complexity.device (e.g. cuda with --out results/bench/complexity-<gpu>.csv)")
@@ -197,14 +284,20 @@ def _add_analyses(sub) -> None:
     sp.add_argument("--out", default="results/analysis/geometry.csv")
     sp.add_argument("--threads", type=int, default=None)
 
-    sp = _add(sub, "bench", cmd_bench, "time Triton kernels vs references, SDPA and fla (GPU; CPU: smoke only)",
-              config=False)
-    sp.add_argument("what", choices=["kernels"])
-    sp.add_argument("--lengths", type=int, nargs="+", default=None, help="L values (default 256..65536)")
-    sp.add_argument("--out", default=None, help="CSV path (default results/bench/kernels-<gpu>.csv)")
-    sp.add_argument("--batch", type=int, default=4)
-    sp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
-    sp.add_argument("--op", action="append", help="benchmark only this op (repeatable): a kernel, or attention")
+    sp = _add(sub, "bench", cmd_bench,
+              "kernels: Triton kernels vs references, SDPA and fla (GPU; CPU: smoke only); "
+              "throughput: training tokens/s of every causal mixer's LM beside softmax (analysis.throughput)")
+    sp.add_argument("what", choices=["kernels", "throughput"])
+    sp.add_argument("--lengths", type=int, nargs="+", default=None,
+                    help="L values (kernels: default 256..65536; throughput: analysis.throughput.lengths)")
+    sp.add_argument("--out", default=None, help="CSV path (kernels: results/bench/kernels-<gpu>.csv; "
+                                                "throughput: results/analysis/throughput.csv)")
+    sp.add_argument("--batch", type=int, default=4, help="kernels only")
+    sp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="kernels only")
+    sp.add_argument("--op", action="append", help="kernels only: benchmark only this op (repeatable)")
+    sp.add_argument("--arch", action="append", help="throughput only: time only this architecture (repeatable; softmax is added)")
+    sp.add_argument("--threads", type=int, default=None, help="throughput only: override analysis.throughput.threads")
+    sp.add_argument("--quiet", action="store_true")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,6 +321,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add(sub, "runs", cmd_runs, "list the run directories the config trains")
 
+    sp = _add(sub, "plan", cmd_plan, "what the study costs (runs, tokens, FLOPs, memory, H100 hours) and what "
+              "would fail at its shapes")
+    sp.add_argument("--mfu", type=float, default=0.05, help="assumed model FLOP utilisation (default 0.05)")
+    sp.add_argument("--peak-tflops", type=float, default=989.4, help="peak FLOP/s in TFLOP/s (default: H100 SXM dense BF16)")
+    sp.add_argument("--out", help="also write the table as CSV here")
+    sp.add_argument("--markdown", help="also write the Markdown table here")
+    sp.add_argument("--readme", help="replace the table between the plan markers of this README")
+    sp.add_argument("--no-local-checks", action="store_true", help="skip the checks of this machine (GPU, memory)")
+    sp.add_argument("--quiet", action="store_true")
+
+    sp = _add(sub, "benchmarks", cmd_benchmarks, "time and peak memory of every job of a DAG run, per rule "
+              "(Snakemake's benchmark files)", config=False)
+    sp.add_argument("dir", help="<results_dir>/benchmarks")
+    sp.add_argument("--out", help="also write the summary as CSV here")
+    sp.add_argument("--markdown", help="also write the Markdown table here")
+    sp.add_argument("--readme", help="replace the table between the smoke markers of this README")
+
     sp = _add(sub, "mixers", cmd_mixers, "list every catalogued mixer with its parameter count at one width")
     sp.add_argument("--d-model", type=int, default=256)
     sp.add_argument("--max-len", type=int, default=128)
@@ -249,8 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a known failure (bad config or spec, bad data, a file that cannot be
+    read or written, a run directory in use) prints one line naming the cause and the fix."""
     args = build_parser().parse_args(argv)
     from seqmix.data.manifest import DataError
+    from seqmix.io import FileError, write_failure
 
     try:
         return args.func(args)
@@ -260,3 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
+    except FileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 4
+    except OSError as e:
+        clear = write_failure(e)  # a write outside seqmix.io (numpy, tokenizers, mkdir)
+        if clear is None:
+            raise
+        print(f"error: {clear}", file=sys.stderr)
+        return 4

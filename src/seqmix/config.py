@@ -97,7 +97,7 @@ def _describe(error: dict, allowed: dict[tuple, list[str]]) -> str:
         return f"config key '{_key(loc)}': {error['input']!r} is not one of the allowed values: {error['ctx']['expected'].replace(chr(39), '')}"
     if kind == "missing":
         return f"config key '{_key(loc)}' is required"
-    return f"config key '{_key(loc)}': {error['msg']}"
+    return f"config key '{_key(loc)}': {error['msg'].removeprefix('Value error, ')}"
 
 
 def _format(errors: list[dict], allowed: dict[tuple, list[str]]) -> list[str]:
@@ -206,6 +206,20 @@ def _cross_checks(study: Study) -> list[str]:
             problems.append(f"config key '{key}': {value!r} is not a task of this study; tasks: {', '.join(names)}")
     for name, section in study.tasks.items():
         problems += sweep_problems(name, section)
+        problems += _task_mixer_problems(study, name, section)
+    return problems
+
+
+def _task_mixer_problems(study: Study, name: str, section: TaskCommon) -> list[str]:
+    """A task's ``mixers.<arch>`` options, checked over the study's as the runs merge them."""
+    problems = []
+    for arch, options in section.mixers.items():
+        try:
+            _options_model(arch).model_validate({**study.mixers.get(arch, {}), **options})
+        except ValidationError as e:
+            allowed = ", ".join(_options_model(arch).model_fields)
+            problems += [f"config key 'tasks.{name}.mixers.{arch}.{'.'.join(map(str, err['loc']))}': {err['msg']}"
+                         + (f"; allowed: {allowed}" if err["type"] == "extra_forbidden" else "") for err in e.errors()]
     return problems
 
 
@@ -231,14 +245,41 @@ def read_config_file(path: str | os.PathLike) -> dict:
     return raw
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> Study:
-    """Read one config file (default config/config.yaml), apply ``overrides``, validate.
+def resolve_extends(raw: Mapping, origin: str | os.PathLike | None, _seen: tuple[Path, ...] = ()) -> dict:
+    """A profile that says ``extends: <file>`` is that file (resolved the same way) with its
+    own keys merged on top: mappings key by key, anything else (lists included) replaced.
+    ``<file>`` is relative to ``origin``, the directory of the profile that names it. This is
+    the only place a profile reads another: config/paper-smoke.yaml is config/paper.yaml
+    plus its cuts, never a copy that can drift."""
+    raw = dict(raw)
+    base_name = raw.pop("extends", None)
+    if base_name is None:
+        return raw
+    if not isinstance(base_name, str):
+        raise ConfigError(f"config key 'extends' must name one config file, got {base_name!r}")
+    base_path = Path(origin or ".") / base_name
+    if not base_path.exists():
+        raise ConfigError(f"config key 'extends': {base_path} does not exist (the path is relative to the "
+                          "directory of the file that names it)")
+    if base_path.resolve() in _seen:
+        raise ConfigError(f"config key 'extends': {base_path} extends itself through "
+                          + " -> ".join(map(str, _seen)))
+    base = resolve_extends(read_config_file(base_path), base_path.parent, (*_seen, base_path.resolve()))
+    return deep_merge(base, raw)
 
-    Exactly that file plus the defaults: nothing is read from another profile.
+
+def load_config(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> Study:
+    """Read one config file (default config/config.yaml) and what it ``extends``, apply
+    ``overrides``, validate.
+
+    Exactly that profile plus the defaults: nothing is read from another profile unless the
+    file says ``extends``.
     """
     path = DEFAULT_CONFIG if path is None else path
     raw = read_config_file(path)
-    source = "config given as JSON" if str(path).lstrip().startswith("{") else f"config file {path}"
+    is_json = str(path).lstrip().startswith("{")
+    source = "config given as JSON" if is_json else f"config file {path}"
+    raw = resolve_extends(raw, None if is_json else Path(path).parent, () if is_json else (Path(path).resolve(),))
     if overrides:
         raw = deep_merge(raw, overrides)
     return validate_config(raw, source)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from seqmix import catalogue
 
@@ -23,6 +23,28 @@ class Section(BaseModel):
     """A config section: unknown keys are errors, values are immutable once validated."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# workflow_path's rules for editors checking a config against the JSON schema
+WORKFLOW_PATH_PATTERN = {"pattern": r"^(?!~)(?=.*\S)[^{}<>\u0000]+$"}
+
+
+def workflow_path(value: str) -> str:
+    """A directory the Snakemake rules build paths in (results_dir, data.dir). Spaces,
+    quotes and shell metacharacters are fine (every rule quotes its arguments); what
+    cannot work is refused, with the reason."""
+    if not value.strip():
+        raise ValueError("is empty; give a directory (e.g. 'results'): an empty one would put files at the file system root")
+    for chars, why in (("{}", "Snakemake reads {...} in a path as a wildcard"),
+                       ("<>", "Snakemake reads <...> in a path as a path variable"),
+                       ("\x00", "a path cannot hold a NUL character")):
+        bad = sorted(set(value) & set(chars))
+        if bad:
+            raise ValueError(f"{value!r} contains {' and '.join(map(repr, bad))}: {why}; choose a path without it")
+    if value.startswith("~"):
+        raise ValueError(f"{value!r} starts with '~', which is not expanded here (it would make a directory named '~'); "
+                         "write the full path")
+    return value
 
 
 # ------------------------------------------------------------------------------------------
@@ -38,6 +60,8 @@ class Budget(Section):
     width_step: int = Field(16, ge=1, description="d_model candidates are multiples of this")
     max_width: int = Field(1024, ge=1)
     max_depth: int = Field(48, ge=1)
+    tolerance: float | None = Field(None, gt=0, description="relative tolerance on the count (0.01 = ±1 %): outside it d_ff is refined at the solved width, and a budget still missed is refused; null = the closest width, unchecked")
+    ffn_step: int = Field(8, ge=1, description="d_ff candidates of that refinement are multiples of this")
 
 
 class ModelSpec(Section):
@@ -45,9 +69,39 @@ class ModelSpec(Section):
     n_layers: int = Field(6, ge=1)
     d_ff_mult: float = Field(4.0, ge=0, description="feed-forward width as a multiple of d_model; 0 = no feed-forward (zoology MQAR)")
     dropout: float = Field(0.1, ge=0, le=1)
-    norm: Literal["post", "pre"] = Field("post", description="post-LN is the Grassmann paper's block for both models")
+    block: str | dict[str, str] = Field(
+        "native",
+        description="the residual block (models/blocks.py): native = each architecture's own (catalogue.py), "
+                    f"or one of {', '.join(catalogue.BLOCKS)} for all, or per architecture "
+                    "{<arch>: <block>, default: <block>} (unlisted: default, else native)")
     tie_embeddings: bool = True
     budget: Budget = Budget()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _norm_was_renamed(cls, data):
+        if isinstance(data, dict) and "norm" in data:
+            raise ValueError(f"model.norm is now model.block: write block: {data['norm']} (or block: native, "
+                             "each architecture's own block)")
+        return data
+
+    @field_validator("block")
+    @classmethod
+    def _block_names_and_architectures(cls, v):
+        choices = ("native", *catalogue.BLOCKS)
+        bad = sorted({b for b in ([v] if isinstance(v, str) else v.values()) if b not in choices})
+        if bad:
+            raise ValueError(f"unknown block(s) {', '.join(map(repr, bad))}; choose from: {', '.join(choices)}")
+        unknown = sorted(set(v) - {"default", *catalogue.mixer_names()}) if isinstance(v, dict) else []
+        if unknown:
+            raise ValueError(f"unknown architecture(s) {', '.join(unknown)} in model.block; keys are "
+                             f"default or: {', '.join(catalogue.mixer_names())}")
+        return v
+
+    def block_for(self, arch: str) -> str:
+        """The block ``arch`` trains in under this spec: never "native"."""
+        choice = self.block if isinstance(self.block, str) else self.block.get(arch, self.block.get("default", "native"))
+        return catalogue.mixer_entry(arch).block if choice == "native" else choice
 
 
 class TrainSpec(Section):
@@ -63,6 +117,7 @@ class TrainSpec(Section):
     eval_batches: int = Field(20, ge=1, description="batches of the eval split used for periodic evaluation")
     log_every: int = Field(10, ge=1)
     checkpoint_every: int = Field(200, ge=1)
+    early_stop: float | None = Field(None, description="stop once a periodic evaluation's metric reaches this value (≥ when higher is better, else ≤; Zoology stops MQAR at 0.99 accuracy); null = every step")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast; use fp32 on CPU")
     threads: int | None = Field(None, ge=1, description="torch CPU threads per job; null = torch's default")
@@ -77,9 +132,12 @@ class TrainSpec(Section):
 
 
 class DataSpec(Section):
-    dir: str = Field("data", description="where prepared data is written")
+    dir: str = Field("data", description="where prepared data is written (no {, }, <, > or leading ~: Snakemake builds its paths from it)",
+                     json_schema_extra=WORKFLOW_PATH_PATTERN)
     mirror: str | None = Field(None, description=f"local directory with the raw files (layout of shared/data); {MIRROR_ENV} is used when this is null")
     source: Literal["auto", "hub", "mirror"] = Field("auto", description="auto means the mirror when one is set, else the Hugging Face hub")
+
+    _dir_works = field_validator("dir")(workflow_path)
 
 
 class TokenizerSpec(Section):
@@ -87,6 +145,26 @@ class TokenizerSpec(Section):
     pretrained_name: str = "bert-base-uncased"
     vocab_size: int = Field(30522, ge=128)
     train_split: Literal["train", "validation", "test"] = "train"
+
+
+class JobResources(Section):
+    """What one job may use: Snakemake's ``mem_mb`` (the scheduler starts no more jobs than
+    ``--resources mem_mb=`` allows together; `make` passes 90 % of this machine's memory) and
+    ``runtime`` (minutes; a cluster executor's time limit)."""
+
+    mem_mb: int = Field(ge=1)
+    runtime: int = Field(ge=1, description="minutes")
+
+
+def _jobs(mem_mb: int, runtime: int) -> JobResources:
+    return JobResources(mem_mb=mem_mb, runtime=runtime)
+
+
+class TaskResources(Section):
+    """A task's own training and evaluation jobs (null: the study's ``resources``)."""
+
+    train: JobResources | None = None
+    eval: JobResources | None = None
 
 
 class TaskSettings(Section):
@@ -100,6 +178,10 @@ class TaskCommon(Section):
     train: TrainSpec = TrainSpec()
     seeds: list[int] | None = Field(None, description="this task's seeds; null = the study's")
     architectures: list[ArchName] | None = Field(None, description="this task's architectures; null = the study's")  # type: ignore[valid-type]
+    resources: TaskResources = TaskResources()
+    mixers: dict[ArchName, dict[str, Any]] = Field(  # type: ignore[valid-type]
+        default_factory=dict,
+        description="this task's mixer options over the study's mixers.<arch>, e.g. {h3: {d_state: 64}} (Zoology's H3 d_state = L)")
     sweep: dict[str, list[Any]] = Field(
         default_factory=dict,
         description="grid of model./train. settings, e.g. {model.d_model: [32, 64], train.lr: [1e-3, 3e-3]}: one task per point, named <task>/<point>",
@@ -112,16 +194,21 @@ class TaskCommon(Section):
 
 
 class ComplexitySpec(Section):
-    lengths: list[int] = Field([64, 128, 256, 512, 1024], min_length=2)
+    """Cost vs sequence length (analysis/complexity.py): counts at every length, wall time
+    until a mixer's fastest forward+backward takes max_seconds."""
+
+    lengths: list[int] = Field([64, 128, 256, 512, 1024], min_length=2, description="every length is counted; the shorter ones are also timed")
     d_model: int = Field(64, ge=1)
     batch_size: int = Field(1, ge=1)
-    repeats: int = Field(5, ge=1)
+    repeats: int = Field(5, ge=1, description="timed calls per length; the fit takes their minimum")
     warmup: int = Field(1, ge=0)
-    max_seconds: float = Field(5.0, gt=0, description="stop growing L for a mixer once one call takes longer than this")
+    max_seconds: float = Field(5.0, gt=0, description="stop timing a mixer (its counts go on) once its fastest forward+backward takes longer than this")
+    count_tensors: Literal["auto", "fake", "real"] = Field(
+        "auto", description="count FLOPs, bytes and peak memory under FakeTensorMode (no arithmetic, but slow Python per op; a mixer that needs real values falls back to real) or on real CPU tensors; auto = fake until a mixer's number of ops grows x1.5 per doubling of L (a Python loop over chunks), real from there on")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     architectures: Literal["all"] | list[ArchName] | None = Field(  # type: ignore[valid-type]
-        None, description="mixers to time: null = the study's architectures, all = every catalogued mixer, or a list")
-    fit_longest: int = Field(3, ge=3, description="fit the log-log exponent over this many of the longest lengths measured")
+        None, description="mixers to measure: null = the study's architectures, all = every catalogued mixer, or a list")
+    fit_longest: int = Field(3, ge=3, description="fit each log-log exponent over this many of the longest lengths at which it was measured")
 
 
 class SparsitySpec(Section):
@@ -164,15 +251,52 @@ class GeometrySpec(Section):
     seed: int = Field(0, ge=0)
 
 
+class ThroughputSpec(Section):
+    """Training tokens/s of every causal mixer's LM beside softmax (seqmix/bench/throughput.py)."""
+
+    lengths: list[int] = Field([64, 1024], min_length=1, description="sequence lengths L")
+    d_model: int = Field(64, ge=1)
+    n_layers: int = Field(2, ge=1)
+    d_ff_mult: float = Field(4.0, ge=0, description="feed-forward width as a multiple of d_model; 0 = none")
+    vocab_size: int = Field(4096, ge=2)
+    norm: Literal["post", "pre"] = "pre"
+    dropout: float = Field(0.1, ge=0, le=1)
+    tokens_per_batch: int = Field(4096, ge=1, description="tokens per training step; batch = tokens_per_batch // L (at least 1)")
+    warmup: int = Field(1, ge=0, description="untimed training steps per model before the first round")
+    steps: int = Field(1, ge=1, description="training steps timed per (architecture, L) in every round")
+    repeats: int = Field(5, ge=1, description="interleaved rounds; the table reports medians over them")
+    threads: int = Field(1, ge=1, description="torch CPU threads: 1 = numbers per core")
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    architectures: Literal["all"] | list[ArchName] | None = Field(  # type: ignore[valid-type]
+        None, description="mixers to time (their causal ones; softmax is always added): null = the study's architectures, all = every catalogued mixer")
+
+
 class AnalysisSpec(Section):
     complexity: ComplexitySpec = ComplexitySpec()
     sparsity: SparsitySpec = SparsitySpec()
     sparsity_analytic: SparsityAnalyticSpec = SparsityAnalyticSpec()
     geometry: GeometrySpec = GeometrySpec()
+    throughput: ThroughputSpec = ThroughputSpec()
 
 
 class ReportSpec(Section):
     title: str = "Is softmax attention what sequence models need?"
+
+
+class ResourcesSpec(Section):
+    """Per rule; defaults sized for the quick profile's CPU jobs (peak RSS measured there
+    stays under half of each), ``python -m seqmix plan`` estimates a profile's, and every
+    job's measured time and peak memory land in <results_dir>/benchmarks/."""
+
+    train: JobResources = _jobs(2000, 60)
+    eval: JobResources = _jobs(2000, 30)
+    data: JobResources = _jobs(3000, 30)
+    complexity: JobResources = _jobs(4000, 60)
+    sparsity_run: JobResources = _jobs(3000, 60)
+    geometry: JobResources = _jobs(2000, 30)
+    notebook: JobResources = _jobs(2000, 15)
+    report: JobResources = _jobs(1000, 15)
+    small: JobResources = Field(_jobs(1000, 10), description="collect, concat, sparsity_analytic")
 
 
 class StudyFile(Section):
@@ -180,7 +304,8 @@ class StudyFile(Section):
     (their models depend on the entry's kind or mixer)."""
 
     profile: str = Field("quick", description="name of this study, written into every result")
-    results_dir: str = "results"
+    results_dir: str = Field("results", description="where runs, analyses and logs are written (no {, }, <, > or leading ~: Snakemake builds its paths from it)",
+                             json_schema_extra=WORKFLOW_PATH_PATTERN)
     data: DataSpec = DataSpec()
     tokenizer: TokenizerSpec = TokenizerSpec()
     architectures: list[ArchName] = Field(min_length=1)  # type: ignore[valid-type]
@@ -189,6 +314,9 @@ class StudyFile(Section):
     mixers: dict[ArchName, dict[str, Any]] = Field(default_factory=dict, description="per-architecture options, e.g. {grassmann: {rank: 32}}")  # type: ignore[valid-type]
     analysis: AnalysisSpec = AnalysisSpec()
     report: ReportSpec = ReportSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+
+    _results_dir_works = field_validator("results_dir")(workflow_path)
 
     @field_validator("architectures", "seeds")
     @classmethod

@@ -10,12 +10,12 @@ result row carries the sweep's axes (``axes``) so that figures can pick the best
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from seqmix import catalogue
 from seqmix.config import mixer_options, settings_of
+from seqmix.io import read_json
 from seqmix.sections import Study, TaskCommon
 from seqmix.spec import DataJob, RunSpec, TokenizerJob
 from seqmix.sweep import sweep_points
@@ -110,16 +110,22 @@ def run_spec(study: Study, task: str, arch: str, seed: int) -> RunSpec:
     if arch not in task_architectures(study, v):
         raise KeyError(f"architecture {arch!r} does not train on {task!r}; it trains: "
                        f"{', '.join(task_architectures(study, v))}")
-    options = study.mixers.get(arch)
-    if options is None:  # the mixer's defaults, recorded in full
-        options = mixer_options(arch, {})
     return RunSpec(
         profile=study.profile, task=v.name, kind=v.kind, group=v.group, axes=v.axes, arch=arch,
         seed=int(seed), run_dir=str(run_dir(study, Run(task, arch, seed))),
         data_dir=str(data_dir(study, v.group)), tokenizer_dir=str(tokenizer_dir(study)),
-        data=study.data, tokenizer=study.tokenizer, model=v.section.model, train=v.section.train,
-        settings=settings_of(v.kind, v.section).model_dump(mode="json"), mixer_options=options,
+        data=study.data, tokenizer=study.tokenizer, train=v.section.train,
+        # The block this architecture trains in, resolved and recorded (never "native").
+        model=v.section.model.model_copy(update={"block": v.section.model.block_for(arch)}),
+        mixer_options=task_mixer_options(study, v.section, arch),
+        settings=settings_of(v.kind, v.section).model_dump(mode="json"),
     )
+
+
+def task_mixer_options(study: Study, section: TaskCommon, arch: str) -> dict[str, Any]:
+    """A mixer's complete options on a task: its defaults, the study's ``mixers.<arch>``,
+    then the task's own ``mixers.<arch>`` (Zoology's H3 d_state = L on each MQAR length)."""
+    return mixer_options(arch, {**study.mixers.get(arch, {}), **section.mixers.get(arch, {})})
 
 
 def data_job(study: Study, group: str) -> DataJob:
@@ -140,7 +146,7 @@ def tokenizer_job(study: Study) -> TokenizerJob:
 
 
 def run_status(path: Path) -> str:
-    return json.loads((path / "metrics.json").read_text())["status"]
+    return read_json(path / "metrics.json", fix=f"train the run again (delete {path} and rerun the DAG)")["status"]
 
 
 def finished(study: Study, among: list[Run]) -> list[Path]:

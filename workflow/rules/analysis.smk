@@ -2,33 +2,59 @@
 # and the Grassmann/TSSA geometry of trained models. `snakemake --cores all analysis` builds
 # every CSV; each module's docstring documents its CSV's columns.
 rule analysis:
+    localrule: True
     input:
         f"{RESULTS}/analysis/complexity.csv",
         f"{RESULTS}/analysis/complexity_fit.csv",
+        f"{RESULTS}/analysis/complexity_growth.csv",
         f"{RESULTS}/analysis/sparsity.csv",
         f"{RESULTS}/analysis/sparsity_analytic.csv",
         f"{RESULTS}/analysis/geometry.csv",
+        f"{RESULTS}/analysis/throughput.csv",
 
 
 rule complexity:
     output:
         csv=f"{RESULTS}/analysis/complexity.csv",
         fit=f"{RESULTS}/analysis/complexity_fit.csv",
+        growth=f"{RESULTS}/analysis/complexity_growth.csv",
     params:
         cfg=lambda w: analysis_config("complexity"),
     log:
         f"{RESULTS}/logs/analysis/complexity.log",
+    benchmark:
+        benchmark_file("complexity")
     resources:
-        **job_resources("complexity"),
+        mem_mb=resources_of("complexity").mem_mb,
+        runtime=resources_of("complexity").runtime,
     # All cores: timings are taken with nothing else running; first, so that it does not
-    # wait for a moment when both cores are free at the end of the DAG.
+    # wait for a moment when both cores are free at the end of the DAG. The claims are
+    # decided on the counts (deterministic); the timings are supporting evidence.
     threads: workflow.cores
     priority: 100
     conda:
         "../../envs/seqmix.yaml"
     shell:
         "python -m seqmix complexity --config {params.cfg:q} --threads {threads} "
-        "--out {output.csv:q} --fit-out {output.fit:q} > {log:q} 2>&1"
+        "--out {output.csv:q} --fit-out {output.fit:q} --growth-out {output.growth:q} > {log:q} 2>&1"
+
+
+rule throughput:
+    # Training tokens/s of every causal mixer's LM beside softmax (seqmix/bench/throughput.py).
+    output:
+        f"{RESULTS}/analysis/throughput.csv",
+    params:
+        cfg=lambda w: analysis_config("throughput"),
+    log:
+        f"{RESULTS}/logs/analysis/throughput.log",
+    # One thread (analysis.throughput.threads, 1 by default): the table is tokens/s per core.
+    # Whatever runs on the other cores loads every architecture alike, because the rounds
+    # interleave them and the ratios to softmax are taken within a round.
+    threads: 1
+    conda:
+        "../../envs/seqmix.yaml"
+    shell:
+        "python -m seqmix bench throughput --config {params.cfg:q} --quiet --out {output:q} > {log:q} 2>&1"
 
 
 rule sparsity_run:
@@ -42,8 +68,11 @@ rule sparsity_run:
         run=lambda w: run_path(w.task, w.arch, w.seed, ""),
     log:
         f"{RESULTS}/logs/analysis/sparsity/{{task}}/{{arch}}/seed{{seed}}.log",
+    benchmark:
+        benchmark_file("sparsity_run", "{task}", "{arch}", "seed{seed}")
     resources:
-        **job_resources("sparsity_run"),
+        mem_mb=resources_of("sparsity_run").mem_mb,
+        runtime=resources_of("sparsity_run").runtime,
     threads: 1
     conda:
         "../../envs/seqmix.yaml"
@@ -59,8 +88,11 @@ rule sparsity:
         f"{RESULTS}/analysis/sparsity.csv",
     log:
         f"{RESULTS}/logs/analysis/sparsity.log",
+    benchmark:
+        benchmark_file("sparsity")
     resources:
-        **job_resources("summary"),
+        mem_mb=resources_of("small").mem_mb,
+        runtime=resources_of("small").runtime,
     conda:
         "../../envs/seqmix.yaml"
     shell:
@@ -74,8 +106,11 @@ rule sparsity_analytic:
         cfg=lambda w: analysis_config("sparsity_analytic"),
     log:
         f"{RESULTS}/logs/analysis/sparsity_analytic.log",
+    benchmark:
+        benchmark_file("sparsity_analytic")
     resources:
-        **job_resources("summary"),
+        mem_mb=resources_of("small").mem_mb,
+        runtime=resources_of("small").runtime,
     threads: 1
     conda:
         "../../envs/seqmix.yaml"
@@ -93,8 +128,11 @@ rule geometry:
         cfg=lambda w: analysis_config("geometry"),
     log:
         f"{RESULTS}/logs/analysis/geometry.log",
+    benchmark:
+        benchmark_file("geometry")
     resources:
-        **job_resources("geometry"),
+        mem_mb=resources_of("geometry").mem_mb,
+        runtime=resources_of("geometry").runtime,
     threads: 1
     conda:
         "../../envs/seqmix.yaml"

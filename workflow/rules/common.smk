@@ -37,10 +37,13 @@ def group_of(task):
     return variant(STUDY, task).group
 
 
+# Keys keep the config's order (no sort_keys): the order of tasks is meaningful (the first
+# language-model task is the analyses' default), and the commands must read the same one.
+
+
 def study_config():
     # The study without its analysis and report sections (what run lists depend on).
-    return json.dumps(STUDY.model_dump(mode="json", exclude={"analysis", "report"}), sort_keys=True,
-                      separators=(",", ":"))
+    return json.dumps(STUDY.model_dump(mode="json", exclude={"analysis", "report"}), separators=(",", ":"))
 
 
 def analysis_config(section):
@@ -48,7 +51,7 @@ def analysis_config(section):
     # that editing one analysis does not rerun the others.
     cfg = STUDY.model_dump(mode="json", exclude={"analysis", "report"})
     cfg["analysis"] = {section: getattr(STUDY.analysis, section).model_dump(mode="json")}
-    return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+    return json.dumps(cfg, separators=(",", ":"))
 
 
 def _alternatives(names):
@@ -76,28 +79,24 @@ def train_threads(w):
     return variant(STUDY, w.task).section.train.threads or workflow.cores
 
 
-# -- resources ------------------------------------------------------------------------------
-# Memory (MB) and wall time (minutes) each job declares. A cluster executor turns them into
-# its request (SLURM: sbatch --mem and --time; workflow/profiles/slurm adds nothing of its
-# own); a local run counts them only against --resources. One size per rule until the
-# config carries per-task estimates; a site overrides a rule with
-# --set-resources RULE:mem_mb=MB (or RULE:runtime=MINUTES).
-JOB_RESOURCES = {
-    "data": (4000, 60),
-    "train": (8000, 360),
-    "eval": (4000, 60),
-    "summary": (2000, 30),
-    "complexity": (8000, 120),
-    "sparsity_run": (8000, 120),
-    "geometry": (4000, 60),
-    "notebook": (2000, 30),
-    "report": (2000, 30),
-}
+# -- resources: memory and time every job declares (config `resources`, a task's own) ---------
 
 
-def job_resources(kind):
-    mem_mb, runtime = JOB_RESOURCES[kind]
-    return {"mem_mb": mem_mb, "runtime": runtime}
+def resources_of(name):
+    return getattr(STUDY.resources, name)
+
+
+def task_resources(name):
+    # A task's own train/eval resources (tasks.<task>.resources), else the study's.
+    def pick(w):
+        return getattr(variant(STUDY, w.task).section.resources, name) or resources_of(name)
+
+    return pick
+
+
+def benchmark_file(rule_name, *parts):
+    # Snakemake's benchmark: wall time and peak memory (max_rss, MB) of every job.
+    return "/".join([RESULTS, "benchmarks", rule_name, *parts]) + ".tsv"
 
 
 # -- notebooks ------------------------------------------------------------------------------

@@ -8,8 +8,11 @@ rule data_tokenizer:
         spec=lambda w: tokenizer_job(STUDY).model_dump_json(),
     log:
         f"{RESULTS}/logs/data/tokenizer.log",
+    benchmark:
+        benchmark_file("data_tokenizer")
     resources:
-        **job_resources("data"),
+        mem_mb=resources_of("data").mem_mb,
+        runtime=resources_of("data").runtime,
     conda:
         "../../envs/seqmix.yaml"
     shell:
@@ -25,8 +28,11 @@ rule data_task:
         spec=lambda w: data_job(STUDY, w.group).model_dump_json(),
     log:
         f"{RESULTS}/logs/data/{{group}}.log",
+    benchmark:
+        benchmark_file("data_task", "{group}")
     resources:
-        **job_resources("data"),
+        mem_mb=resources_of("data").mem_mb,
+        runtime=resources_of("data").runtime,
     conda:
         "../../envs/seqmix.yaml"
     shell:

@@ -15,8 +15,11 @@ for _name in NOTEBOOKS:
             papermill=notebook_params(_name),
         log:
             f"{RESULTS}/logs/notebooks/{_name}.log",
+        benchmark:
+            benchmark_file("notebook", _name)
         resources:
-            **job_resources("notebook"),
+            mem_mb=resources_of("notebook").mem_mb,
+            runtime=resources_of("notebook").runtime,
         conda:
             "../../envs/seqmix.yaml"
         shell:
@@ -41,8 +44,11 @@ rule report:
         texinputs=lambda w, input: str(Path(input.main).parent) + "//",
     log:
         f"{RESULTS}/logs/report.log",
+    benchmark:
+        benchmark_file("report")
     resources:
-        **job_resources("report"),
+        mem_mb=resources_of("report").mem_mb,
+        runtime=resources_of("report").runtime,
     # The Python side of the environment; latexmk and TeX Live come from the system (the
     # Makefile installs Debian's packages), in a conda run too.
     conda:

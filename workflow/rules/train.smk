@@ -14,8 +14,11 @@ rule train:
         spec=lambda w: run_spec(STUDY, w.task, w.arch, int(w.seed)).model_dump_json(),
     log:
         f"{RESULTS}/logs/train/{{task}}/{{arch}}/seed{{seed}}.log",
+    benchmark:
+        benchmark_file("train", "{task}", "{arch}", "seed{seed}")
     resources:
-        **job_resources("train"),
+        mem_mb=lambda w: task_resources("train")(w).mem_mb,
+        runtime=lambda w: task_resources("train")(w).runtime,
     threads: train_threads
     conda:
         "../../envs/seqmix.yaml"
@@ -33,8 +36,11 @@ rule eval:
         run=lambda w: run_path(w.task, w.arch, w.seed, ""),
     log:
         f"{RESULTS}/logs/eval/{{task}}/{{arch}}/seed{{seed}}.log",
+    benchmark:
+        benchmark_file("eval", "{task}", "{arch}", "seed{seed}")
     resources:
-        **job_resources("eval"),
+        mem_mb=lambda w: task_resources("eval")(w).mem_mb,
+        runtime=lambda w: task_resources("eval")(w).runtime,
     threads: train_threads
     conda:
         "../../envs/seqmix.yaml"
@@ -52,8 +58,11 @@ rule collect:
         cfg=lambda w: study_config(),
     log:
         f"{RESULTS}/logs/collect.log",
+    benchmark:
+        benchmark_file("collect")
     resources:
-        **job_resources("summary"),
+        mem_mb=resources_of("small").mem_mb,
+        runtime=resources_of("small").runtime,
     conda:
         "../../envs/seqmix.yaml"
     shell:

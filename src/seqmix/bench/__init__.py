@@ -1,5 +1,8 @@
-"""Micro-benchmarks (``python -m seqmix bench <what>``): kernels against their references.
+"""Benchmarks (``python -m seqmix bench <what>``).
 
-Unlike ``seqmix.analysis.complexity`` (whole mixers, CPU or GPU, feeding the report), these
-time the bare fused ops on a GPU and write ``results/bench/*.csv``.
+``kernels``: the bare fused Triton ops against their references on a GPU
+(``results/bench/*.csv``). ``throughput``: training tokens/s of every causal mixer's
+language model beside softmax, on the machine at hand (``results/analysis/throughput.csv``,
+read by the report's "cost in practice"). Unlike ``seqmix.analysis.complexity`` (one
+mixer layer against L), these time what a user runs.
 """

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
-from seqmix.io import write_json
+from seqmix.io import FileError, read_json, write_json
 
 MANIFEST = "manifest.json"
 
@@ -53,7 +52,12 @@ def read_manifest(directory: str | Path, task: str, verify: bool = True) -> dict
     path = directory / MANIFEST
     if not path.exists():
         raise DataError(f"{path} is missing: the {task} data has not been prepared; {fix}")
-    manifest = json.loads(path.read_text())
+    try:
+        manifest = read_json(path)
+    except FileError as e:
+        raise DataError(f"{e}; {fix}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise DataError(f"{path} is not a data manifest (no 'files' entry); {fix}")
     if verify:
         for name, entry in manifest["files"].items():
             check_sha256(directory / name, entry["sha256"], fix)

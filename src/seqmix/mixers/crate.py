@@ -1,5 +1,9 @@
 """CRATE: white-box transformer, MSSA + ISTA (Yu et al. 2023, NeurIPS, arXiv:2306.01129).
 
+Block: pre-LN (``pre``), CRATE's own (Yu et al. 2023, arXiv:2306.01129; model/crate.py:
+x = x + MSSA(LN(x)); x = ISTA(LN(x))): the post-LN block would normalise ISTA's sparse code
+and erase its exact zeros (tests/test_blocks.py).
+
 Each layer is one step of sparse rate reduction, Z^{ℓ+1} = ISTA(Z^ℓ + MSSA(Z^ℓ)):
 
     MSSA (compression):  w = U x with one Linear(d → heads·dim_head, bias=False),

@@ -1,5 +1,8 @@
 """Gated linear attention, GLA (Yang et al., ICML 2024, arXiv:2312.06635; fla defaults).
 
+Block: pre-LN (``pre``): the GLA Transformer is pre-norm, a GLA layer then a feed-forward,
+each with a residual (Yang et al. 2024, arXiv:2312.06635, §4); its SwiGLU/RMSNorm are not reproduced (GELU MLP, LayerNorm).
+
 Linear attention whose d_k × d_v state forgets along the key dimension with a
 data-dependent gate α_t ∈ (0, 1]^{d_k}, per head:
 
@@ -44,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqmix.mixers.base import Mixer, linear_flops, use_kernel
+from seqmix.mixers.scan import linear_scan
 
 # Secondary chunk length inside a chunk (fla uses 16); the sub-chunk is gcd(C, 16).
 SUBCHUNK = 16
@@ -80,9 +84,9 @@ def gla_recurrent_reference(
     B, H, L, Dk = q.shape
     S = q.new_zeros(B, H, Dk, v.shape[-1])
     outs = []
-    for t in range(L):
-        S = S * log_alpha[:, :, t, :, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
-        outs.append((q[:, :, t, :, None] * S).sum(-2))  # q_t S_t: (B, H, Dv)
+    for q_t, k_t, v_t, la_t in zip(*(t.unbind(2) for t in (q, k, v, log_alpha))):  # unbind: O(L) backward
+        S = S * la_t[..., None].exp() + k_t[..., None] * v_t[..., None, :]
+        outs.append((q_t[..., None] * S).sum(-2))  # q_t S_t: (B, H, Dv)
     return torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1])
 
 
@@ -122,9 +126,11 @@ def gla_chunk_reference(
     decay = g_last.squeeze(-2).exp()[..., None]  # γ_n: (B, H, N, Dk, 1)
     S = q.new_zeros(B, H, Dk, Dv)
     S_before = []  # the state entering chunk n
-    for n in range(N):  # L / C steps on (Dk, Dv) states only
+    # unbind, not decay[:, :, n] in the loop: indexing one chunk per step makes autograd
+    # zero-fill a gradient of the full (B, H, N, ...) size at every step, O(N²) backward.
+    for decay_n, U_n in zip(decay.unbind(2), U.unbind(2)):  # L / C steps on (Dk, Dv) states
         S_before.append(S)
-        S = decay[:, :, n] * S + U[:, :, n]
+        S = decay_n * S + U_n
     o = (q * g.exp()) @ torch.stack(S_before, dim=2)  # (Q ⊙ Λ) S_[n-1]: (B, H, N, C, Dv)
 
     # Intra-chunk, secondary chunking: sub-chunks of c tokens.
@@ -149,6 +155,67 @@ def gla_chunk_reference(
         o_intra = torch.cat([o_intra[..., :1, :, :], o_intra[..., 1:, :, :] + o_off], dim=-3)
     o = o + o_intra.reshape(B, H, N, C, Dv)
     return o.reshape(B, H, N * C, Dv)[:, :, :L].to(out_dtype)
+
+
+def gla_chunk_hierarchical(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_alpha: torch.Tensor, chunk_size: int = 64
+) -> torch.Tensor:
+    """``gla_recurrent_reference`` by chunks whose inside is split in halves: the CPU path.
+
+    Same arguments and result; ``chunk_size`` C must be a power of two. Across chunks the
+    state is carried as in ``gla_chunk_reference``, by ``seqmix.mixers.scan.linear_scan``
+    (no Python loop over chunks). Inside a chunk, every pair j < i lies in exactly one block
+    of s = C, C/2, …, 2 tokens with j in its first half and i in its second; with r = g at
+    the last token of the first half, exp(g_i − g_j) = exp(g_i − r) · exp(r − g_j), both
+    factors ≤ 1, so each level is two matrix products on rescaled q and k (the secondary
+    chunking of §5.1 applied recursively, down to pairs); j = i adds (q_i · k_i) v_i. No
+    exp(+Σ log α) is formed, so strong decays underflow to 0 instead of overflowing, and
+    nothing of size C × C × d_k is materialised: per head O(L (d_k log C + C + d_v)) work.
+    """
+    B, H, L, Dk = q.shape
+    Dv = v.shape[-1]
+    out_dtype = v.dtype
+    if q.dtype in (torch.float16, torch.bfloat16):
+        q, k, v, log_alpha = (t.float() for t in (q, k, v, log_alpha))
+    C = min(chunk_size, 1 << max(L - 1, 0).bit_length())  # a shorter sequence: one chunk
+    pad = (-L) % C
+    if pad:
+        q, k, v, log_alpha = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, log_alpha))
+    Lp = L + pad
+    g = log_alpha.reshape(B, H, Lp // C, C, Dk).cumsum(dim=-2).reshape(B, H, Lp, Dk)
+    o = (q * k).sum(-1, keepdim=True) * v  # j = i
+    s = 2
+    while s <= C:  # the second half of every s-block reads its first half
+        h, n = s // 2, Lp // s
+        # unbind into (first half, second half): one backward that stacks the two gradients,
+        # where indexing each half would zero-fill a full-size gradient per index.
+        (q_lo, q_hi), (k_lo, _), (v_lo, _), (g_lo, g_hi), (o_lo, o_hi) = (
+            t.view(B, H, n, 2, h, t.shape[-1]).unbind(3) for t in (q, k, v, g, o))
+        r = g_lo[..., -1:, :]  # g at the last token of the first half
+        q_up = q_hi * (g_hi - r).exp()
+        k_low = k_lo * (r - g_lo).exp()
+        cross = (q_up @ k_low.transpose(-1, -2)) @ v_lo  # (B, H, n, h, Dv)
+        o = torch.stack([o_lo, o_hi + cross], dim=3).view(B, H, Lp, Dv)
+        s *= 2
+    o = o + _gla_across_chunks(q, k, v, g, C)
+    return o[:, :, :L].to(out_dtype)
+
+
+def _gla_across_chunks(q, k, v, g, C: int) -> torch.Tensor:
+    """(Q ⊙ Λ) S_[n-1] of every chunk n (zero for the first), S carried by linear_scan."""
+    B, H, Lp, Dk = q.shape
+    N = Lp // C
+    if N == 1:
+        return torch.zeros_like(v)
+    qc, kc, gc = (t.view(B, H, N, C, Dk) for t in (q, k, g))
+    vc = v.view(B, H, N, C, v.shape[-1])
+    g_last = gc[..., -1:, :]  # log γ_n
+    U = (kc * (g_last - gc).exp()).transpose(-1, -2) @ vc  # (B, H, N, Dk, Dv)
+    decay = g_last.transpose(-1, -2).exp().expand_as(U)  # γ_n per key feature
+    time_major = lambda t: t[:, :, :-1].permute(2, 0, 1, 3, 4)  # noqa: E731  chunks 0..N-2 first
+    S = linear_scan(time_major(decay), time_major(U)).permute(1, 2, 0, 3, 4)  # after chunk n
+    S_before = torch.cat([torch.zeros_like(S[:, :, :1]), S], dim=2)
+    return ((qc * gc.exp()) @ S_before).view(B, H, Lp, v.shape[-1])
 
 
 class GatedLinearAttention(Mixer):
@@ -215,7 +282,10 @@ class GatedLinearAttention(Mixer):
             from seqmix.kernels.gla import chunk_gla
 
             return chunk_gla(q, k, v, log_alpha, self.options.chunk_size)
-        return gla_chunk_reference(q, k, v, log_alpha, self.options.chunk_size)
+        C = self.options.chunk_size
+        if C & (C - 1) == 0:  # a power of two: halves all the way down
+            return gla_chunk_hierarchical(q, k, v, log_alpha, C)
+        return gla_chunk_reference(q, k, v, log_alpha, C)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v, log_alpha, gate = self._qkvg(x)

@@ -1,6 +1,9 @@
 """Causal Grassmann mixing (Zhang 2025, "Attention Is Not What You Need: Grassmann Flows as
 an Attention-Free Alternative for Sequence Modeling", arXiv:2512.19428, §3.2).
 
+Block: post-LN (``post``), the paper's own (Zhang 2025, arXiv:2512.19428, §3.2), with no
+residual around the layer: its gate blends the input in (``residual_in_mixer``).
+
 Each token is reduced to z_t ∈ R^r, paired with earlier tokens at a few offsets Δ, and the
 2-plane span(z_t, z_{t-Δ}) is encoded by its Plücker coordinates p_ij = a_i b_j - a_j b_i
 (i < j, r(r-1)/2 numbers). Their projection g_t is gated back into the stream:
@@ -82,10 +85,20 @@ def pair_indices(r: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
 def plucker(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Plücker coordinates of span(a, b): p_ij = a_i b_j - a_j b_i for i < j.
 
-    a, b: (..., r) -> (..., r(r-1)/2), ordered as ``pair_indices(r)``.
+    a, b: (..., r) -> (..., r(r-1)/2), ordered as ``pair_indices(r)``. The coordinates
+    a_i, a_j are picked by products with one-hot (r, r(r-1)/2) matrices (exact: one term
+    each) rather than by indexing, whose backward (a scattered index_put) is several times
+    slower on a CPU.
     """
-    i, j = pair_indices(a.shape[-1], device=a.device)
-    return a[..., i] * b[..., j] - a[..., j] * b[..., i]
+    pick_i, pick_j = _pair_pickers(a.shape[-1], a.dtype, a.device)
+    return (a @ pick_i) * (b @ pick_j) - (a @ pick_j) * (b @ pick_i)
+
+
+def _pair_pickers(r: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One-hot matrices with x @ pick_i = x[..., i] and x @ pick_j = x[..., j]."""
+    i, j = pair_indices(r, device=device)
+    eye = torch.eye(r, dtype=dtype, device=device)
+    return eye[:, i], eye[:, j]
 
 
 def grassmann_mix_reference(

@@ -1,5 +1,8 @@
 """H3, Hungry Hungry Hippos (Fu, Dao et al., ICLR 2023, arXiv:2212.14052).
 
+Block: pre-LN (``pre``): H3's language models stack pre-norm residual blocks, the H3 layer
+then an MLP (Fu et al. 2023, arXiv:2212.14052, §5; GPT-2-style backbone).
+
 Two state-space models around a multiplicative interaction (HazyResearch/H3 ``h3.py``):
 
     Q, K, V = u W_Q + b_Q, u W_K + b_K, u W_V + b_V               (Linear(d, d), bias)

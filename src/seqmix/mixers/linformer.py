@@ -1,5 +1,8 @@
 """Linformer: low-rank attention over a projected sequence axis (Wang et al. 2020, arXiv:2006.04768).
 
+Block: post-LN (``post``): Linformer replaces the attention of RoBERTa's post-LN layer
+(Wang et al. 2020, arXiv:2006.04768, §5), the baseline's block here.
+
 Keys and values are projected along the sequence axis from n = max_len positions to k:
 
     head_h = softmax( Q_h (E K_h)ᵀ / √d_head ) (F V_h),   E, F ∈ R^{k×n} learned

@@ -1,5 +1,8 @@
 """Performer / FAVOR+ (Choromanski et al., ICLR 2021, arXiv:2009.14794).
 
+Block: post-LN (``post``): FAVOR+ is a drop-in replacement for softmax attention inside
+an unchanged Transformer (Choromanski et al. 2021, arXiv:2009.14794, §1), so it keeps the baseline's block.
+
 Softmax attention's kernel exp(qᵀk/√d) is estimated with positive orthogonal random
 features, then the attention is linear attention with those features (see linear.py):
 
@@ -178,9 +181,10 @@ def causal_favor_attention(
     num = W @ v_c
     den = W.sum(-1, keepdim=True)
 
-    S, z, carry = _chunk_states(k_c, v_c, mu_c, M_c)
-    num = num + carry * (q_c @ S)
-    den = den + carry * (q_c * z[..., None, :]).sum(-1, keepdim=True)
+    if N > 1:  # one chunk (L ≤ C) has no earlier state to read
+        S, z, carry = _chunk_states(k_c, v_c, mu_c, M_c)
+        num = num + carry * (q_c @ S)
+        den = den + carry * (q_c * z[..., None, :]).sum(-1, keepdim=True)
 
     # The eps floor of every key feature: eps·Σ_i φ(q_t)_i times (Σ_{j≤t} v_j, t+1).
     qsum = phi_q.sum(-1, keepdim=True)  # (B, H, L', 1)

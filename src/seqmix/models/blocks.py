@@ -1,18 +1,52 @@
-"""The block every mixer sits in: the Grassmann paper's post-LN Transformer block.
+"""The residual blocks a mixer sits in, one per published architecture family.
 
-    post-LN (paper):  h = LN1(h + Dropout(mix(h)));  h = LN2(h + Dropout(FFN(h)))
-    Grassmann (Zhang 2025, arXiv:2512.19428, §3.2): h = Dropout(LN1(mix(h)))  (its gate already blends h in)
-    pre-LN:           h = h + Dropout(mix(LN1(h))); h = h + Dropout(FFN(LN2(h)))
-    CRATE (Yu 2023):  the ISTA feed-forward replaces the stream, no residual around it:
-                      post-LN h = LN2(ISTA(h)), pre-LN h = ISTA(LN2(h))
+Each mixer trains in its own paper's block by default (``model.block: native``; the
+catalogue's ``MixerEntry.block``); a config can force one block for every architecture
+(``model.block: post``, an ablation) or per architecture (``{default: pre, mamba: native}``).
+
+    post            the Grassmann paper's post-LN Transformer block (Zhang 2025,
+                    arXiv:2512.19428, §3.2), the Transformer/Grassmann claim's setting:
+                        h = LN1(h + Drop(mix(h)));   h = LN2(h + Drop(FFN(h)))
+                    a mixer with its residual inside (Grassmann's gate, §3.2 step 5):
+                        h = Drop(LN1(mix(h)))
+    pre             pre-LN (Xiong et al. 2020, arXiv:2002.04745; CRATE, H3, GLA):
+                        h = h + Drop(mix(LN1(h)));   h = h + Drop(FFN(LN2(h)))
+    pre_layerscale  ToST's block (Wu et al. 2025, arXiv:2412.17810; RobinWu218/ToST
+                    ``tost_lang/model_TSSA.py`` Block): pre-LN with LayerScale,
+                        h = h + γ1 ⊙ Drop(mix(LN1(h)));   h = h + γ2 ⊙ Drop(FFN(LN2(h)))
+                    γ initialised to 1e-5, the residual projections (``c_proj``, the
+                    MLP's output) to N(0, 0.02/√(2·n_layers)) as nanoGPT's.
+    pre_rms         Mamba's block (Gu & Dao 2023, arXiv:2312.00752; state-spaces/mamba
+                    ``mamba_simple.py`` Block + ``MixerModel``): RMSNorm (ε 1e-5), no MLP,
+                        h = h + Drop(mix(RMSNorm(h)))
+                    out_proj re-initialised as MixerModel's ``rescale_prenorm_residual``
+                    (Kaiming-uniform, a = √5, divided by √n_layers).
+
+A mixer whose feed-forward output replaces the stream (CRATE's ISTA,
+``feedforward_residual = False``) has no residual around it in any block:
+post h = LN2(ISTA(h)), pre h = ISTA(LN2(h)) (CRATE's own, Ma-Lab-Berkeley/CRATE
+``model/crate.py``: x = x + attn(LN(x)); x = ff(LN(x))), which keeps ISTA's exact zeros in
+the stream. Dropout (``model.dropout``) acts on each branch's output, as nanoGPT's
+``resid_dropout`` (Mamba's reference has none; set ``dropout: 0`` for it).
+
+The language model's final norm is the block's norm (RMSNorm after pre_rms blocks, as
+MixerModel's ``norm_f``; LayerNorm otherwise).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-from seqmix import mixers
+from seqmix import catalogue, mixers
+
+LAYERSCALE_INIT = 1e-5  # ToST's γ init (its language configs' ``*_ls``)
+RMS_EPS = 1e-5  # Mamba's norm_epsilon
+# Names (suffixes) of residual-branch output projections, the GPT-2 convention the
+# references' scaled init keys on (nanoGPT's ``c_proj.weight``, Mamba's ``out_proj.weight``).
+RESIDUAL_PROJECTIONS = ("c_proj.weight", "out_proj.weight")
 
 
 class MLP(nn.Module):
@@ -28,7 +62,20 @@ class MLP(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+def norm_class(block: str) -> type[nn.Module]:
+    """The normalisation a block uses (and the LM's final norm after it)."""
+    if block not in catalogue.BLOCKS:
+        raise ValueError(f"unknown block {block!r}; blocks: {', '.join(catalogue.BLOCKS)}")
+    return nn.RMSNorm if block == "pre_rms" else nn.LayerNorm
+
+
+def make_norm(block: str, d_model: int) -> nn.Module:
+    return nn.RMSNorm(d_model, eps=RMS_EPS) if norm_class(block) is nn.RMSNorm else nn.LayerNorm(d_model)
+
+
 class Block(nn.Module):
+    """One layer: a mixer and (except pre_rms, or d_ff = 0) a feed-forward, in ``block``."""
+
     def __init__(
         self,
         arch: str,
@@ -37,35 +84,82 @@ class Block(nn.Module):
         *,
         d_ff: int,
         dropout: float,
-        norm: str = "post",
+        block: str = "post",
+        n_layers: int = 1,
         causal: bool = True,
         max_len: int | None = None,
     ):
         super().__init__()
+        self.kind = block
+        self.n_layers = n_layers
         self.mixer = mixers.build(arch, d_model, causal=causal, max_len=max_len, **mixer_options)
         ffn_cls = type(self.mixer).feedforward or MLP
-        # d_ff = 0: no feed-forward at all (zoology's MQAR models, state_mixer = Identity).
-        self.ffn = ffn_cls(d_model, d_ff, dropout) if d_ff > 0 else None
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model) if self.ffn is not None else None
+        # d_ff = 0 (zoology's MQAR models, state_mixer = Identity) or Mamba's block: no FFN.
+        self.ffn = ffn_cls(d_model, d_ff, dropout) if d_ff > 0 and block != "pre_rms" else None
+        self.norm1 = make_norm(block, d_model)
+        self.norm2 = make_norm(block, d_model) if self.ffn is not None else None
         self.drop = nn.Dropout(dropout)
-        self.pre_norm = norm == "pre"
         self.gated = type(self.mixer).residual_in_mixer
         self.ffn_residual = type(self.mixer).feedforward_residual
+        if block == "pre_layerscale":
+            self.gamma1 = nn.Parameter(torch.full((d_model,), LAYERSCALE_INIT))
+            self.gamma2 = nn.Parameter(torch.full((d_model,), LAYERSCALE_INIT)) if self.ffn is not None else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if self.pre_norm:
-            h = h + self.drop(self.mixer(self.norm1(h)))
-            if self.ffn is None:
-                return h
-            return h + self.drop(self.ffn(self.norm2(h))) if self.ffn_residual else self.ffn(self.norm2(h))
-        if self.gated:
-            h = self.drop(self.norm1(self.mixer(h)))
-        else:
-            h = self.norm1(h + self.drop(self.mixer(h)))
+        return self.FORWARD[self.kind](self, h)
+
+    def _post(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.drop(self.norm1(self.mixer(h))) if self.gated else self.norm1(h + self.drop(self.mixer(h)))
         if self.ffn is None:
             return h
         return self.norm2(h + self.drop(self.ffn(h))) if self.ffn_residual else self.norm2(self.ffn(h))
+
+    def _pre(self, h: torch.Tensor) -> torch.Tensor:
+        h = h + self.drop(self.mixer(self.norm1(h)))
+        if self.ffn is None:
+            return h
+        return h + self.drop(self.ffn(self.norm2(h))) if self.ffn_residual else self.ffn(self.norm2(h))
+
+    def _pre_layerscale(self, h: torch.Tensor) -> torch.Tensor:
+        h = h + self.gamma1 * self.drop(self.mixer(self.norm1(h)))
+        if self.ffn is None:
+            return h
+        if not self.ffn_residual:
+            return self.ffn(self.norm2(h))
+        return h + self.gamma2 * self.drop(self.ffn(self.norm2(h)))
+
+    def _pre_rms(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.drop(self.mixer(self.norm1(h)))
+
+    FORWARD = {"post": _post, "pre": _pre, "pre_layerscale": _pre_layerscale, "pre_rms": _pre_rms}
+
+    def no_weight_decay(self) -> set[str]:
+        # LayerScale γ are 1-d and already undecayed by make_optimizer's dim rule; named
+        # here so that the intent does not depend on that rule.
+        return {"gamma1", "gamma2"} if self.kind == "pre_layerscale" else set()
+
+    @torch.no_grad()
+    def reset_block_parameters(self) -> None:
+        """The block's own initialisation, run after the model's GPT-2 init (models/lm.py)."""
+        if self.kind == "pre_layerscale":
+            for gamma in (self.gamma1, self.gamma2):
+                if gamma is not None:
+                    gamma.fill_(LAYERSCALE_INIT)
+            for p in self._residual_projections():
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.n_layers))
+        elif self.kind == "pre_rms":
+            for p in self._residual_projections():
+                nn.init.kaiming_uniform_(p, a=math.sqrt(5))
+                p /= math.sqrt(self.n_layers)  # n_residuals_per_layer = 1 (no MLP)
+
+    def _residual_projections(self) -> list[nn.Parameter]:
+        found = [p for name, p in self.mixer.named_parameters() if name.endswith(RESIDUAL_PROJECTIONS)]
+        if self.ffn is not None and isinstance(self.ffn, MLP):
+            found.append(self.ffn.fc2.weight)
+        return found
+
+    def extra_repr(self) -> str:
+        return f"block={self.kind}"
 
 
 def build_blocks(
@@ -76,10 +170,13 @@ def build_blocks(
     *,
     d_ff_mult: float,
     dropout: float,
-    norm: str,
+    block: str,
     causal: bool,
     max_len: int | None,
 ) -> nn.ModuleList:
+    if block not in catalogue.BLOCKS:
+        raise ValueError(f"unknown block {block!r} for {arch!r}; blocks: {', '.join(catalogue.BLOCKS)} "
+                         "(resolve model.block 'native' with ModelSpec.block_for first)")
     d_ff = int(round(d_ff_mult * d_model))
     return nn.ModuleList(
         Block(
@@ -88,7 +185,8 @@ def build_blocks(
             mixers.options_for_layer(arch, mixer_options, i),
             d_ff=d_ff,
             dropout=dropout,
-            norm=norm,
+            block=block,
+            n_layers=n_layers,
             causal=causal,
             max_len=max_len,
         )

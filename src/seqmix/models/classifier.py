@@ -1,7 +1,7 @@
 """A sentence-pair classifier (SNLI) with any mixer as its encoder.
 
 Input: [CLS] premise [SEP] hypothesis [SEP], padded on the right. Token + segment +
-learned position embeddings, N blocks, final LayerNorm, mean over the real tokens, and a
+learned position embeddings, N blocks (models/blocks.py), the block's final norm, mean over the real tokens, and a
 linear 3-way head. Mixers that have a non-causal form are built non-causal (an encoder);
 causal-only mixers stay causal, which with right padding keeps the padding out of every
 real token's state. Non-causal mixers have no key mask in the mixer interface, so the
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from seqmix import mixers
-from seqmix.models.blocks import build_blocks
+from seqmix.models.blocks import build_blocks, make_norm
 from seqmix.models.lm import _init_weights
 
 NUM_CLASSES = 3
@@ -32,7 +32,7 @@ class ClassifierConfig:
     n_layers: int = 2
     d_ff_mult: float = 4.0
     dropout: float = 0.1
-    norm: str = "post"
+    block: str = "post"  # one of catalogue.BLOCKS (resolved: never "native")
     mixer_options: dict = dataclasses.field(default_factory=dict)
 
 
@@ -47,10 +47,10 @@ class PairClassifier(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = build_blocks(
             cfg.arch, cfg.d_model, cfg.n_layers, cfg.mixer_options,
-            d_ff_mult=cfg.d_ff_mult, dropout=cfg.dropout, norm=cfg.norm,
+            d_ff_mult=cfg.d_ff_mult, dropout=cfg.dropout, block=cfg.block,
             causal=self.causal, max_len=cfg.max_len,
         )
-        self.norm_f = nn.LayerNorm(cfg.d_model)
+        self.norm_f = make_norm(cfg.block, cfg.d_model)
         self.head = nn.Linear(cfg.d_model, NUM_CLASSES)
         self.apply(_init_weights)
 

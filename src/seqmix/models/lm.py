@@ -1,6 +1,7 @@
 """A causal language model around any mixer (the Grassmann paper's LM, Zhang 2025,
 arXiv:2512.19428, §3.1: token + learned absolute position embeddings, N blocks, a final
-LayerNorm, and a head tied to the embedding)."""
+norm, and a head tied to the embedding). The blocks and the final norm are those of
+``block`` (models/blocks.py): LayerNorm, or RMSNorm after Mamba's pre_rms blocks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqmix.models.blocks import build_blocks
+from seqmix.models.blocks import build_blocks, make_norm
 
 
 @dataclasses.dataclass
@@ -22,7 +23,7 @@ class LMConfig:
     n_layers: int = 6
     d_ff_mult: float = 4.0
     dropout: float = 0.1
-    norm: str = "post"
+    block: str = "post"  # one of catalogue.BLOCKS (resolved: never "native")
     tie_embeddings: bool = True
     mixer_options: dict = dataclasses.field(default_factory=dict)
 
@@ -36,10 +37,10 @@ class CausalLM(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = build_blocks(
             cfg.arch, cfg.d_model, cfg.n_layers, cfg.mixer_options,
-            d_ff_mult=cfg.d_ff_mult, dropout=cfg.dropout, norm=cfg.norm,
+            d_ff_mult=cfg.d_ff_mult, dropout=cfg.dropout, block=cfg.block,
             causal=True, max_len=cfg.max_len,
         )
-        self.norm_f = nn.LayerNorm(cfg.d_model)
+        self.norm_f = make_norm(cfg.block, cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
@@ -80,7 +81,8 @@ class CausalLM(nn.Module):
 def _init_weights(module: nn.Module) -> None:
     # GPT-2 style: N(0, 0.02) for linear and embedding weights, zero biases. Mixers that
     # need a particular initialisation (Mamba's A_log, dt bias) set it after this runs
-    # through their own reset_parameters hooks.
+    # through their own reset hooks, then each block its own (LayerScale γ, the scaled
+    # residual projections): Module.apply visits children before their parent.
     if isinstance(module, nn.Linear):
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if module.bias is not None:
@@ -89,3 +91,5 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
     elif hasattr(module, "reset_mixer_parameters"):
         module.reset_mixer_parameters()
+    elif hasattr(module, "reset_block_parameters"):
+        module.reset_block_parameters()

@@ -219,9 +219,25 @@ def eval_threshold_per(res: Results, claim: dict) -> ClaimResult:
     worst = mine[col].min() if "min" in claim["agree_if"] else mine[col].max()
     at = ", ".join(f"{claim['per'].split('.')[-1]} {p:g}: {v:.3f}" for p, v in zip(mine.per_value, mine[col]))
     measured = _sweep_scale(rows, claim["per"], mine.per_value) + f"; {at}"
-    unmet = _run_requirements(claim, rows[rows.arch == claim["arch"]])
+    unmet = _run_requirements(claim, rows[rows.arch == claim["arch"]]) + _still_learning(claim, rows, mine)
     return dataclasses.replace(_decide(claim, float(worst), float("nan"), measured, unmet),
                                values=[float(v) for v in mine[col]])
+
+
+def _still_learning(claim: dict, rows: pd.DataFrame, best: pd.DataFrame) -> list[str]:
+    """``requires.max_final_gain``: the swept values at which the selected run of ``arch``
+    was still improving when its budget ran out (its periodic evaluation metric rose by more
+    than this over the last quarter of its steps; runs.csv's ``final_gain``)."""
+    limit = claim["requires"].get("max_final_gain")
+    if limit is None or "final_gain" not in rows:
+        return []
+    axis, out = claim["per"].split(".")[-1], []
+    for point in best.itertuples():
+        gain = rows[(rows.task == point.task) & (rows.arch == claim["arch"])].final_gain.mean()
+        if gain > limit:
+            out.append(f"at {axis} {point.per_value:g} {claim['arch']} was still learning when its budget ran out "
+                       f"({point.metric} +{gain:.3f} over the last quarter of its steps, more than {limit:g})")
+    return out
 
 
 def _needed(best: pd.DataFrame, arch: str, threshold: float) -> float:
@@ -289,6 +305,56 @@ def eval_recall_beyond_reach(res: Results, claim: dict) -> ClaimResult:
     return _decide(claim, acc_out - chance, half, measured, unmet)
 
 
+COST_LABELS = {"fwdbwd_ms": "time", "fwd_ms": "fwd time", "flops_fwdbwd": "FLOPs", "flops_fwd": "fwd FLOPs",
+               "bytes_written_fwdbwd": "bytes written", "bytes_written_fwd": "fwd bytes written",
+               "peak_fwdbwd_bytes": "memory", "peak_fwd_bytes": "fwd memory", "flops_stated": "stated FLOPs"}
+
+
+def _exponent_interval(f) -> tuple[float, float]:
+    """The interval a cost exponent is judged on: a timed fit's 95% CI; for an exact count,
+    the range of its exponents between consecutive lengths of the fit (every doubling in
+    the range must meet the criterion, so a count still converging cannot agree)."""
+    if getattr(f, "kind", "timed") == "timed":
+        return f.ci_low, f.ci_high
+    return f.local_min, f.local_max
+
+
+def _time_beside(fits: pd.DataFrame, growth: pd.DataFrame | None, arch: str) -> str:
+    """Wall time of ``arch`` as supporting evidence: its fitted exponent, and its growth
+    per doubling at the longest timed pair of lengths beside the counts' growth there."""
+    t = fits[(fits.arch == arch) & (fits.measure == "fwdbwd_ms")]
+    if t.empty:
+        return ""
+    t = t.iloc[0]
+    text = (f"{arch} time {t.slope:.2f} [{t.ci_low:.2f}, {t.ci_high:.2f}] over L = {int(t.min_len)}--{int(t.max_len)}"
+            if pd.notna(t.slope) else f"{arch} timed at {int(t.points)} length(s) only, up to L = {int(t.max_len)}")
+    g = growth[(growth.arch == arch) & growth.growth_fwdbwd_ms.notna()] if growth is not None else None
+    if g is not None and len(g):
+        last = g.iloc[-1]
+        counted = ", ".join(f"{COST_LABELS[m]} ×{last[f'growth_{m}']:.2f}"
+                            for m in ("flops_fwdbwd", "bytes_written_fwdbwd", "peak_fwdbwd_bytes"))
+        text += (f"; per doubling at L = {int(last.len_from)}→{int(last.len_to)}: "
+                 f"time ×{last.growth_fwdbwd_ms:.2f}, {counted}")
+    return text
+
+
+def _cost_context(fits: pd.DataFrame, growth: pd.DataFrame | None, archs: list[str], measures: list[str]) -> str:
+    """What the cost verdict was measured on, with the wall time beside it."""
+    mine = fits[fits.arch.isin(archs) & fits.measure.isin(measures)]
+    if mine.empty:
+        return "--"
+    modes = sorted({m for ms in mine.get("count_mode", pd.Series(dtype=str)).dropna() for m in str(ms).split("+")}
+                   & {"fake", "real"})
+    how = f"counted on {' and '.join(modes)} CPU tensors" if modes else "measured"
+    width = f" at d = {int(mine.d_model.iloc[0])}" if "d_model" in mine and mine.d_model.notna().any() else ""
+    on = (f"one layer{width}, {how}, fit over L = {int(mine.min_len.min())}--{int(mine.max_len.max())} "
+          "(the longest lengths)")
+    beside = [t for a in archs if (t := _time_beside(fits, growth, a))]
+    if beside:
+        on += f"; wall time on {mine.device.iloc[0]}, not deciding: " + "; ".join(beside)
+    return on
+
+
 def eval_complexity(res: Results, claim: dict) -> ClaimResult:
     fits = res.table("analysis/complexity_fit.csv")
     archs = claim["arch"] if isinstance(claim["arch"], list) else [claim["arch"]]
@@ -299,36 +365,34 @@ def eval_complexity(res: Results, claim: dict) -> ClaimResult:
         for measure in claim["measures"]:
             f = fits[(fits.arch == arch) & (fits.measure == measure)]
             if f.empty or f.slope.isna().all():
-                short.append(f"{arch} not measured")
+                short.append(f"{arch} {COST_LABELS.get(measure, measure)} not measured")
                 continue
             f = f.iloc[0]
-            half = (f.ci_high - f.ci_low) / 2
-            label = {"fwdbwd_ms": "time", "fwd_ms": "fwd time", "peak_fwdbwd_bytes": "memory"}.get(measure, measure)
-            parts.append(f"{arch} {label} {f.slope:.2f} ± {half:.2f}")
-            values.append(f.slope)
+            low, high = _exponent_interval(f)
+            label = COST_LABELS.get(measure, measure)
+            parts.append(f"{arch} {label} {f.slope:.2f}")
+            values.append(float(f.slope))
             if f.max_len < claim["requires"].get("min_length", 0):
                 short.append(f"{arch} measured only up to L = {int(f.max_len)}")
-            judged[f"{arch} {label} exponent {f.slope:.2f} [{f.ci_low:.2f}, {f.ci_high:.2f}]"] = judge(
-                f.slope, half, claim["agree_if"])
-    f0 = fits[fits.arch.isin(archs)]
-    on = (f"one layer on {f0.device.iloc[0]}, fit over L = {int(f0.min_len.min())}--{int(f0.max_len.max())}"
-          if len(f0) else "--")
+            judged[f"{arch} {label} {f.slope:.2f} [{low:.2f}, {high:.2f}]"] = judge(
+                (low + high) / 2, (high - low) / 2, claim["agree_if"])
+    on = _cost_context(fits, res.table("analysis/complexity_growth.csv"), archs, claim["measures"])
     value = max(values) if values else float("nan")
+    base = dict(id=claim["id"], claim=claim["claim"], source=claim["source"], reported=claim["reported"],
+                ours="; ".join(parts) or "--", value=value, measured_on=on, values=values)
     if short or not values:
-        return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], "; ".join(parts) or "--",
-                           value, on, "not testable", "; ".join(short) or "not measured")
-    # One exponent outside the band disagrees; all inside agree; otherwise the CIs cannot tell.
+        return ClaimResult(**base, verdict="not testable", why="; ".join(short) or "not measured")
+    # One exponent outside the band disagrees; all inside agree; otherwise they cannot tell.
     outside = [k for k, v in judged.items() if v == "disagrees"]
     straddle = [k for k, v in judged.items() if v == "inconclusive"]
     band = criterion(claim["agree_if"])
     if outside:
         verdict, why = "disagrees", f"outside {band}: " + ", ".join(outside)
     elif straddle:
-        verdict, why = "inconclusive", f"95% CI straddles {band}: " + ", ".join(straddle)
+        verdict, why = "inconclusive", f"straddles {band}: " + ", ".join(straddle)
     else:
-        verdict, why = "agrees", f"every exponent and its 95% CI {band}"
-    return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], "; ".join(parts),
-                       value, on, verdict, why)
+        verdict, why = "agrees", f"every exponent {band} at every doubling of the fit range: " + ", ".join(judged)
+    return ClaimResult(**base, verdict=verdict, why=why)
 
 
 def eval_su(res: Results, claim: dict) -> ClaimResult:

@@ -17,6 +17,10 @@ directory.
                                  of its layers' reaches; empty: unbounded)
     chance                       the task's chance level of its metric (empty: none; MQAR:
                                  1 / key-value pairs, a model that outputs some value)
+    final_gain                   how much the periodic evaluation metric improved over the last
+                                 quarter of the run's steps (in the better direction; 0 when
+                                 training stopped early at its target): a run still learning
+                                 when its budget ran out has a large one
     eval_split, eval_value, eval_loss, eval_scored     final evaluation on the eval split
     test_split, test_value, test_loss, test_scored     ... and on the test split
     scored_unit                  what *_scored counts (tokens, queries, examples)
@@ -44,7 +48,7 @@ from seqmix.io import read_json, write_csv
 FIELDS = [
     "profile", "task", "kind", "group", "sweep", "arch", "seed", "status", "metric", "higher_is_better",
     "params", "d_model", "n_layers", "lr", "steps_planned", "steps_completed", "diverged_at_step",
-    "seen", "seen_unit", "reach", "chance", "eval_split", "eval_value", "eval_loss", "eval_scored", "test_split",
+    "seen", "seen_unit", "reach", "chance", "final_gain", "eval_split", "eval_value", "eval_loss", "eval_scored", "test_split",
     "test_value", "test_loss", "test_scored", "scored_unit", "train_data", "train_complete",
     "eval_data", "test_data", "tokenizer", "device", "wall_time_s", "run_dir",
 ]
@@ -64,7 +68,8 @@ def run_row(run_dir: Path) -> dict:
         "params": m["params"], "d_model": m["d_model"], "n_layers": m["n_layers"], "lr": cfg["train"]["lr"],
         "steps_planned": m["steps_planned"], "steps_completed": m["steps_completed"],
         "diverged_at_step": m["diverged_at_step"], "seen": m["seen"], "seen_unit": m["seen_unit"],
-        "reach": m["reach"], "chance": m["chance"], "eval_split": m["eval_split"], "eval_value": ev.get(metric), "eval_loss": ev.get("loss"),
+        "reach": m["reach"], "chance": m["chance"], "final_gain": final_gain(run_dir, m),
+        "eval_split": m["eval_split"], "eval_value": ev.get(metric), "eval_loss": ev.get("loss"),
         "eval_scored": ev.get("scored"), "test_split": m["test_split"], "test_value": te.get(metric),
         "test_loss": te.get("loss"), "test_scored": te.get("scored"), "scored_unit": m["scored_unit"],
         "train_data": splits[m["train_split"]]["description"],
@@ -73,6 +78,28 @@ def run_row(run_dir: Path) -> dict:
         "tokenizer": tok.get("description", ""), "device": m["device"],
         "wall_time_s": m["wall_time_s"], "run_dir": str(run_dir),
     }
+
+
+def final_gain(run_dir: Path, m: dict) -> float | None:
+    """The periodic evaluation metric's improvement over the last quarter of a run's steps:
+    last evaluation minus the last one at or before 75 % of the steps completed (sign such
+    that positive is better); 0 for a run that stopped early at its target, None without
+    two evaluations."""
+    if m.get("stopped_early_at_step") is not None:
+        return 0.0
+    evals = [r for r in read_csv_rows(run_dir / "log.csv") if r["phase"] == "eval" and r["metric_value"]]
+    earlier = [r for r in evals if int(r["step"]) <= 0.75 * m["steps_completed"]]
+    if len(evals) < 2 or not earlier:
+        return None
+    gain = float(evals[-1]["metric_value"]) - float(earlier[-1]["metric_value"])
+    return gain if m["higher_is_better"] else -gain
+
+
+def read_csv_rows(path: Path) -> list[dict]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 BREAKDOWN_FIELDS = ["task", "kind", "group", "sweep", "arch", "seed", "split", "by", "value", "correct", "scored"]

@@ -42,6 +42,12 @@ def pm(mean: float, half: float, digits: int = 2) -> str:
     return f"{mean:.{digits}f} $\\pm$ {half:.{digits}f}"
 
 
+def series(items: list[str]) -> str:
+    """Items as prose: "A", "A and B", "A, B and C"."""
+    items = [str(i) for i in items]
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def table(header: list[str], rows: list[list[str]], *, caption: str, label: str, align: str | None = None,
           note: str | None = None, size: str = "\\small", long: bool = False) -> str:
     """A booktabs table of already-LaTeX cells, rendered by pandas' Styler.to_latex: a

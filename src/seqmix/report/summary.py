@@ -46,6 +46,13 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
+def unfinished_tasks(runs: pd.DataFrame) -> list[str]:
+    """Tasks (in runs.csv order) none of whose runs finished: every one diverged, so the
+    task has no quality result; the report says so instead of drawing nothing."""
+    done = runs.groupby("task", sort=False).status.agg(lambda s: bool((s == "ok").any()))
+    return [t for t, any_ok in done.items() if not any_ok]
+
+
 def sweep_axes(runs: pd.DataFrame) -> pd.Series:
     """The sweep settings of every row (runs.csv's ``sweep`` JSON) as dicts."""
     import json

@@ -62,6 +62,33 @@ class Task:
         self.settings = self.Settings.model_validate(spec.settings)
         self.data_dir = Path(spec.data_dir)
         self.manifest = read_manifest(self.data_dir, spec.task)  # every file checked first
+        self.check_data()
+
+    def check_data(self) -> None:
+        """Raise DataError when the prepared data cannot serve these settings (a limit only
+        the data decide, e.g. a block longer than a split), naming the config key and the
+        fix. Called when a job builds its task: before a run's first step."""
+
+    # -- a run's shapes without its data (python -m seqmix plan) -------------------------
+
+    @classmethod
+    def without_data(cls, spec: RunSpec) -> Task:
+        """The task of ``spec`` before any data exist: it builds the run's model and
+        ``example_batch``es of its training shapes (the cost plan), nothing else."""
+        task = cls.__new__(cls)
+        task.spec, task.settings = spec, cls.Settings.model_validate(spec.settings)
+        task.data_dir, task.manifest = Path(spec.data_dir), None
+        task.init_shapes()
+        return task
+
+    def init_shapes(self) -> None:
+        """Set what ``build_model`` reads from the prepared data (vocabulary size, lengths)
+        from the spec alone (the configured vocabulary: a trained one can come out smaller)."""
+
+    def example_batch(self, batch_size: int, device) -> tuple:
+        """A training batch of the run's shapes, made up (its cost is the point, not its
+        content); the longest a real batch can be where lengths vary."""
+        raise NotImplementedError
 
     @property
     def chance(self) -> float | None:
@@ -89,7 +116,8 @@ class Task:
         return {"dataset": m["dataset"], "source": m["source"], "splits": m["splits"],
                 "tokenizer": m.get("tokenizer")}
 
-    def build_model(self, d_model: int, n_layers: int) -> torch.nn.Module:
+    def build_model(self, d_model: int, n_layers: int, d_ff_mult: float | None = None) -> torch.nn.Module:
+        """The run's model at this size; d_ff_mult None = the spec's (a budget may refine it)."""
         raise NotImplementedError
 
     def train_batch(self, step: int, batch_size: int, device) -> tuple:

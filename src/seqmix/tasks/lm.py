@@ -6,10 +6,11 @@ from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.spec import RunSpec
 
 
-def causal_lm(spec: RunSpec, vocab_size: int, max_len: int, d_model: int, n_layers: int) -> CausalLM:
+def causal_lm(spec: RunSpec, vocab_size: int, max_len: int, d_model: int, n_layers: int,
+              d_ff_mult: float | None = None) -> CausalLM:
     m = spec.model
     return CausalLM(LMConfig(
         arch=spec.arch, vocab_size=vocab_size, max_len=max_len, d_model=d_model, n_layers=n_layers,
-        d_ff_mult=m.d_ff_mult, dropout=m.dropout, norm=m.norm, tie_embeddings=m.tie_embeddings,
+        d_ff_mult=m.d_ff_mult if d_ff_mult is None else d_ff_mult, dropout=m.dropout, block=m.block, tie_embeddings=m.tie_embeddings,
         mixer_options=dict(spec.mixer_options),
     ))

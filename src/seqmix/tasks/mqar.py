@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from seqmix.data.mqar import prepare_mqar
+from seqmix.data.manifest import MANIFEST, DataError
+from seqmix.data.mqar import multiquery_ar, prepare_mqar
 from seqmix.sections import TaskSettings
 from seqmix.spec import DataJob
 from seqmix.tasks.base import Task, batch_generator
@@ -61,10 +62,27 @@ class MQAR(Task):
         super().__init__(spec)
         self.arrays: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    def check_data(self) -> None:
+        # The data directory is the group's: prepared for the settings it was asked with.
+        made = self.manifest["generator"]
+        wanted = self.settings.model_dump(include=set(made))
+        if made != wanted:
+            diff = ", ".join(f"{k} {made[k]!r} (config: {wanted[k]!r})" for k in made if made[k] != wanted[k])
+            raise DataError(
+                f"{self.data_dir / MANIFEST} was generated with {diff}: the data do not match the "
+                f"config's 'tasks.{self.spec.group}'; rerun `python -m seqmix data {self.spec.group}` "
+                "(the DAG does this when the settings change)")
+
     @property
     def chance(self) -> float:
         # A model that outputs a value of the context without knowing which one.
         return 1.0 / self.settings.num_kv_pairs
+
+    def example_batch(self, batch_size, device):
+        s = self.settings
+        inputs, labels = multiquery_ar(s.vocab_size, batch_size, s.seq_len, s.num_kv_pairs, s.power_a,
+                                       s.random_non_queries, s.data_seed)
+        return torch.from_numpy(inputs).to(device), torch.from_numpy(labels).to(device)
 
     def split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         if split not in self.arrays:
@@ -72,8 +90,8 @@ class MQAR(Task):
             self.arrays[split] = (torch.from_numpy(z["inputs"]), torch.from_numpy(z["labels"]))
         return self.arrays[split]
 
-    def build_model(self, d_model, n_layers):
-        return causal_lm(self.spec, self.settings.vocab_size, self.settings.seq_len, d_model, n_layers)
+    def build_model(self, d_model, n_layers, d_ff_mult=None):
+        return causal_lm(self.spec, self.settings.vocab_size, self.settings.seq_len, d_model, n_layers, d_ff_mult)
 
     def train_batch(self, step, batch_size, device):
         inputs, labels = self.split("train")

@@ -47,18 +47,29 @@ class SNLI(Task):
         self.max_len = 2 * self.settings.max_sentence_tokens + 3
         self.arrays: dict[str, dict[str, np.ndarray]] = {}
 
+    def init_shapes(self):
+        self.vocab_size = self.spec.tokenizer.vocab_size
+        self.max_len = 2 * self.settings.max_sentence_tokens + 3
+
+    def example_batch(self, batch_size, device):
+        g = batch_generator(0, 0)
+        ids = torch.randint(0, self.vocab_size, (batch_size, self.max_len), generator=g).to(device)
+        segments = (torch.arange(self.max_len) > self.max_len // 2).long().expand(batch_size, -1).to(device)
+        labels = torch.randint(0, 3, (batch_size,), generator=g).to(device)
+        return ids, segments, torch.ones_like(ids, dtype=torch.bool), labels
+
     def split(self, split: str) -> dict[str, np.ndarray]:
         if split not in self.arrays:
             z = np.load(self.data_dir / f"{split}.npz")
             self.arrays[split] = {k: z[k] for k in z.files}
         return self.arrays[split]
 
-    def build_model(self, d_model, n_layers):
+    def build_model(self, d_model, n_layers, d_ff_mult=None):
         m = self.spec.model
         return PairClassifier(ClassifierConfig(
-            arch=self.spec.arch, vocab_size=self.vocab_size, max_len=self.max_len,
-            d_model=d_model, n_layers=n_layers, d_ff_mult=m.d_ff_mult, dropout=m.dropout,
-            norm=m.norm, mixer_options=dict(self.spec.mixer_options),
+            arch=self.spec.arch, vocab_size=self.vocab_size, max_len=self.max_len, d_model=d_model,
+            n_layers=n_layers, d_ff_mult=m.d_ff_mult if d_ff_mult is None else d_ff_mult, dropout=m.dropout,
+            block=m.block, mixer_options=dict(self.spec.mixer_options),
         ))
 
     def collate(self, split: str, idx: np.ndarray, device):

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
+from seqmix.data.manifest import MANIFEST, DataError
 from seqmix.data.wikitext import prepare_wikitext2
 from seqmix.sections import TaskSettings
 from seqmix.spec import DataJob
@@ -54,6 +55,28 @@ class WikiText2(Task):
         self.tokens: dict[str, np.ndarray] = {}
         self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
 
+    def check_data(self) -> None:
+        # A training batch draws a start in [0, tokens - block - 1): at least block + 2
+        # tokens; an evaluation needs one whole (block + 1)-token window.
+        s = self.settings
+        for key, split, need in (("train_split", s.train_split, s.block_size + 2),
+                                 ("eval_split", s.eval_split, s.block_size + 1),
+                                 ("test_split", s.test_split, s.block_size + 1)):
+            tokens = self.manifest["splits"][split]["tokens"]
+            if tokens < need:
+                raise DataError(
+                    f"config key 'tasks.{self.spec.group}.block_size' ({s.block_size}) is too long for the "
+                    f"{split} split ({key}): it has {tokens:,} tokens ({self.data_dir / MANIFEST}) and "
+                    f"needs at least {need:,}; set block_size <= {tokens - (need - s.block_size)}, or "
+                    f"choose a longer split for '{key}'")
+
+    def init_shapes(self):
+        self.block, self.vocab_size = self.settings.block_size, self.spec.tokenizer.vocab_size
+
+    def example_batch(self, batch_size, device):
+        chunk = torch.randint(0, self.vocab_size, (batch_size, self.block + 1), generator=batch_generator(0, 0))
+        return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
+
     @property
     def train_split(self) -> str:
         return self.settings.train_split
@@ -71,8 +94,8 @@ class WikiText2(Task):
             self.tokens[split] = np.load(self.data_dir / f"{split}.npy", mmap_mode="r")
         return self.tokens[split]
 
-    def build_model(self, d_model, n_layers):
-        return causal_lm(self.spec, self.vocab_size, self.block, d_model, n_layers)
+    def build_model(self, d_model, n_layers, d_ff_mult=None):
+        return causal_lm(self.spec, self.vocab_size, self.block, d_model, n_layers, d_ff_mult)
 
     def train_batch(self, step, batch_size, device):
         data = self.stream(self.train_split)

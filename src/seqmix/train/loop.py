@@ -6,6 +6,18 @@ metrics.json, log.csv, config.json, provenance.json and model.pt. A run whose lo
 NaN or infinite is recorded as diverged (status "diverged") and exits cleanly so the DAG
 goes on. The steps of a run are named functions: ``start`` (build, then resume or
 initialise), ``train_step``, ``evaluate_now``, ``save_checkpoint`` and ``finish``.
+
+What makes a rerun end exactly like an uninterrupted run:
+
+- one process per run directory (``train.lock``, held for the whole job; a second
+  ``train`` on the same run fails at once naming the holder);
+- a checkpoint holds everything the loop depends on (weights, optimiser, schedule, RNG,
+  the log and the train-loss window), and every fresh start (no checkpoint, one from other
+  settings, or an unreadable one, which is moved aside) seeds the dropout stream the same
+  way;
+- a finished run keeps ``checkpoints/final.pt`` (weights and log, no optimiser state): a
+  job killed after its results were written (Snakemake then deletes them) writes them
+  again from it instead of training again. Delete ``checkpoints/`` to reclaim the space.
 """
 
 from __future__ import annotations
@@ -22,10 +34,12 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from seqmix.io import write_csv, write_json
+from seqmix.config import ConfigError
+from seqmix.io import exclusive_lock, remove_stale_temps, write_csv, write_json
 from seqmix.mixers.base import force_reference
 from seqmix.models.blocks import stack_reach
 from seqmix.models.budget import solve_budget
+from seqmix.plan import memory_problem
 from seqmix.sections import TrainSpec
 from seqmix.spec import RunSpec
 from seqmix.tasks import make_task
@@ -34,7 +48,11 @@ from seqmix.train import checkpoint
 from seqmix.train.provenance import provenance
 
 LOG_FIELDS = ["step", "phase", "loss", "metric", "metric_value", "lr", "grad_norm", "seen", "elapsed_s"]
-CHECKPOINT = Path("checkpoints") / "last.pt"
+CHECKPOINT = Path("checkpoints") / "last.pt"  # the latest state of a run in progress
+FINAL = Path("checkpoints") / "final.pt"  # a finished run: what its results are written from
+LOCK = "train.lock"
+CHECKPOINT_KEYS = ("spec_hash", "model", "optimizer", "scheduler", "rng", "state")
+FINAL_KEYS = ("spec_hash", "model", "state")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -43,6 +61,15 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("config key 'train.device' is 'cuda' but no GPU is visible; use 'auto' or 'cpu'")
     return torch.device(name)
+
+
+def check_precision(train: TrainSpec, device: torch.device) -> None:
+    """bf16 autocast on a CPU is refused before step 1: it runs many times slower than fp32
+    there (the paper profile's bf16 is meant for a GPU)."""
+    if train.precision == "bf16" and device.type == "cpu":
+        raise ConfigError("config key 'train.precision' is bf16 but this job runs on a CPU, where bf16 "
+                          "autocast is many times slower than fp32; set train.precision: fp32 for a CPU run "
+                          "(config/paper-smoke.yaml does), or run on a GPU")
 
 
 def spec_hash(spec: RunSpec) -> str:
@@ -88,10 +115,11 @@ def autocast(device: torch.device, precision: str):
 def build_for_spec(spec: RunSpec, task: Task) -> tuple[torch.nn.Module, dict]:
     """The model of a run, sized by its budget; returns (model, size record)."""
     m = spec.model
-    d, n, params = solve_budget(task.build_model, d_model=m.d_model, n_layers=m.n_layers, **m.budget.model_dump())
+    size = solve_budget(task.build_model, d_model=m.d_model, n_layers=m.n_layers, d_ff_mult=m.d_ff_mult,
+                        **m.budget.model_dump())
     torch.manual_seed(spec.seed)
-    model = task.build_model(d, n)
-    return model, {"d_model": d, "n_layers": n, "params": params, "budget": m.budget.model_dump()}
+    model = task.build_model(size.d_model, size.n_layers, size.d_ff_mult)
+    return model, {**dataclasses.asdict(size), "budget": m.budget.model_dump()}
 
 
 @dataclasses.dataclass
@@ -105,6 +133,10 @@ class Progress:
     best: dict | None = None
     last_eval: dict | None = None
     resumed_from: list[int] = dataclasses.field(default_factory=list)
+    recent: list[float] = dataclasses.field(default_factory=list)  # the train-loss window of the next log row
+    status: str | None = None  # "ok" or "diverged" once the run has ended
+    diverged_at: int | None = None
+    stopped_at: int | None = None  # the step at which train.early_stop was reached
 
 
 @dataclasses.dataclass
@@ -121,7 +153,7 @@ class Run:
     identity: str
     state: Progress
     started: float = 0.0
-    recent: list[float] = dataclasses.field(default_factory=list)  # train losses since the last log row
+    finished_before: bool = False  # restored from final.pt: only the results are written again
 
     @property
     def run_dir(self) -> Path:
@@ -130,17 +162,21 @@ class Run:
 
 def start(spec: RunSpec) -> Run:
     """Build the task, model and optimiser; resume from the run's checkpoint when it was
-    written with these settings, else start from the seed."""
+    written with these settings, else start from the seed. The caller holds the lock."""
     run_dir = Path(spec.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    for d in (run_dir, run_dir / CHECKPOINT.parent):
+        remove_stale_temps(d)  # left by a killed writer; no live one while we hold the lock
     train = spec.train
     if train.threads:
         torch.set_num_threads(train.threads)
     force_reference(train.reference_mixers)
     device = resolve_device(train.device)
-    task = make_task(spec)  # checks every data file against its manifest first
+    check_precision(train, device)
+    task = make_task(spec)  # checks every data file against its manifest, and its limits
     model, size = build_for_spec(spec, task)
     model.to(device)
+    if (problem := memory_problem(task, model, train.batch_size, device)) is not None:
+        raise ConfigError(problem)  # before step 1, instead of the kernel's OOM kill mid-run
     opt = make_optimizer(model, train)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train))
     run = Run(spec, task, model, opt, sched, device, size, spec_hash(spec), Progress())
@@ -152,21 +188,45 @@ def start(spec: RunSpec) -> Run:
 
 
 def resume_or_init(run: Run) -> None:
-    ckpt_path = run.run_dir / CHECKPOINT
-    if ckpt_path.exists():
-        ckpt = checkpoint.load(ckpt_path)
-        if ckpt["spec_hash"] == run.identity:
-            run.model.load_state_dict(ckpt["model"])
+    """Resume from the final checkpoint (a finished run: only its results are written
+    again) or the last one, when written with these settings; else start afresh."""
+    for rel, keys in ((FINAL, FINAL_KEYS), (CHECKPOINT, CHECKPOINT_KEYS)):
+        ckpt = usable_checkpoint(run, run.run_dir / rel, keys)
+        if ckpt is None:
+            continue
+        run.model.load_state_dict(ckpt["model"])
+        if "optimizer" in ckpt:  # a final checkpoint has none: its run trains no further
             run.opt.load_state_dict(ckpt["optimizer"])
             run.sched.load_state_dict(ckpt["scheduler"])
             checkpoint.set_rng_state(ckpt["rng"])
-            run.state = Progress(**ckpt["state"])
-            run.state.resumed_from.append(run.state.step)
+        run.state = Progress(**ckpt["state"])
+        run.state.resumed_from.append(run.state.step)
+        run.finished_before = rel == FINAL
+        if not run.finished_before:
             print(f"resuming {run.run_dir} from step {run.state.step}", file=sys.stderr)
-            return
-        print(f"ignoring {ckpt_path}: written with other settings", file=sys.stderr)
+        else:
+            print(f"{run.run_dir} finished at step {run.state.step} ({rel}): writing its results "
+                  "again without training", file=sys.stderr)
         return
-    torch.manual_seed(run.spec.seed + 1)  # dropout stream, independent of init
+    run.state = Progress()
+    torch.manual_seed(run.spec.seed + 1)  # dropout stream, independent of init: every fresh start alike
+
+
+def usable_checkpoint(run: Run, path: Path, keys: tuple[str, ...]) -> dict | None:
+    """The checkpoint at ``path`` if it exists, can be read and was written with this run's
+    settings; an unreadable one is moved aside (else every rerun would fail on it)."""
+    if not path.exists():
+        return None
+    try:
+        ckpt = checkpoint.load(path, keys=keys)
+    except checkpoint.CorruptCheckpoint as e:
+        aside = checkpoint.move_aside(path)
+        print(f"warning: {e}; moved it to {aside} and not resuming from it", file=sys.stderr)
+        return None
+    if ckpt["spec_hash"] != run.identity:
+        print(f"ignoring {path}: written with other settings", file=sys.stderr)
+        return None
+    return ckpt
 
 
 def train_step(run: Run) -> tuple[float, float] | None:
@@ -207,6 +267,14 @@ def evaluate_now(run: Run) -> None:
     run.state.last_eval = {**ev, "step": run.state.step}
 
 
+def reached_early_stop(run: Run) -> bool:
+    """Whether the last evaluation reached ``train.early_stop`` (Zoology: 0.99 accuracy)."""
+    target, ev, task = run.spec.train.early_stop, run.state.last_eval, run.task
+    if target is None or ev is None:
+        return False
+    return ev[task.metric] >= target if task.higher_is_better else ev[task.metric] <= target
+
+
 def save_checkpoint(run: Run) -> None:
     run.state.elapsed = time.time() - run.started
     checkpoint.save_atomic({
@@ -217,53 +285,80 @@ def save_checkpoint(run: Run) -> None:
 
 
 def train(spec: RunSpec, progress: bool = True) -> dict:
-    run = start(spec)
-    train_cfg = spec.train
-    bar = tqdm(total=train_cfg.steps, initial=run.state.step, desc=spec.label, disable=not progress,
+    """Train one run to its end (or its divergence) and write its results; the run
+    directory is this process's until then."""
+    run_dir = Path(spec.run_dir)
+    with exclusive_lock(run_dir / LOCK, f"run directory {run_dir}"):
+        run = start(spec)
+        if run.state.status is None:
+            train_steps(run, progress)
+        return finish(run)
+
+
+def train_steps(run: Run, progress: bool) -> None:
+    """Step from the run's current step to its last (or to a non-finite loss), logging,
+    evaluating and checkpointing on schedule; sets ``run.state.status``."""
+    train_cfg, state = run.spec.train, run.state
+    bar = tqdm(total=train_cfg.steps, initial=state.step, desc=run.spec.label, disable=not progress,
                mininterval=2.0, file=sys.stderr)
-    diverged_at = None
-    while run.state.step < train_cfg.steps:
+    while state.step < train_cfg.steps:
         out = train_step(run)
         if out is None:
-            diverged_at = run.state.step
+            state.status, state.diverged_at = "diverged", state.step
             break
         loss, grad_norm = out
-        run.recent = (run.recent + [loss])[-train_cfg.log_every:]
-        step = run.state.step
+        state.recent = (state.recent + [loss])[-train_cfg.log_every:]
+        step = state.step
         bar.update(1)
         if step % train_cfg.log_every == 0 or step == train_cfg.steps:
-            log_row(run, "train", sum(run.recent) / len(run.recent), lr=run.sched.get_last_lr()[0], grad_norm=grad_norm)
-            bar.set_postfix(loss=f"{run.state.log[-1]['loss']:.3f}")
+            log_row(run, "train", sum(state.recent) / len(state.recent), lr=run.sched.get_last_lr()[0],
+                    grad_norm=grad_norm)
+            bar.set_postfix(loss=f"{state.log[-1]['loss']:.3f}")
         if step % train_cfg.eval_every == 0 or step == train_cfg.steps:
             evaluate_now(run)
+            if reached_early_stop(run) and step < train_cfg.steps:
+                state.stopped_at = step
+                break
         if step % train_cfg.checkpoint_every == 0 and step < train_cfg.steps:
             save_checkpoint(run)
     bar.close()
-    return finish(run, "ok" if diverged_at is None else "diverged", diverged_at)
+    state.status = state.status or "ok"
 
 
-def finish(run: Run, status: str, diverged_at: int | None) -> dict:
-    """Write the run's results (model, log, provenance, metrics) and drop its checkpoint."""
-    spec, task, state = run.spec, run.task, run.state
-    wall = time.time() - run.started
+def finish(run: Run) -> dict:
+    """Write the run's results (model, log, provenance, metrics) from its final state, kept
+    first in checkpoints/final.pt, then drop the last checkpoint."""
+    ckpt_dir = run.run_dir / CHECKPOINT.parent
+    if not run.finished_before:
+        run.state.elapsed = time.time() - run.started
+        checkpoint.save_atomic({"spec_hash": run.identity, "model": run.model.state_dict(),
+                                "state": dataclasses.asdict(run.state)}, run.run_dir / FINAL)
     checkpoint.save_atomic({"model": run.model.state_dict(), "size": run.size}, run.run_dir / "model.pt")
-    write_csv(run.run_dir / "log.csv", state.log, LOG_FIELDS)
-    metrics = {
-        "status": status, "profile": spec.profile, "task": spec.task, "kind": spec.kind, "group": spec.group,
-        "axes": spec.axes, "arch": spec.arch, "seed": spec.seed, **run.size,
+    write_csv(run.run_dir / "log.csv", run.state.log, LOG_FIELDS)
+    metrics = metrics_of(run)
+    write_json(run.run_dir / "provenance.json",
+               provenance(run.device, seed=run.spec.seed, wall_time_s=run.state.elapsed))
+    write_json(run.run_dir / "metrics.json", metrics)
+    (run.run_dir / CHECKPOINT).unlink(missing_ok=True)  # final.pt holds all a rerun needs
+    remove_stale_temps(ckpt_dir)
+    return metrics
+
+
+def metrics_of(run: Run) -> dict:
+    """metrics.json of a run that has ended."""
+    spec, task, state = run.spec, run.task, run.state
+    train_rows = [r for r in state.log if r["phase"] == "train"]
+    return {
+        "status": state.status, "profile": spec.profile, "task": spec.task, "kind": spec.kind,
+        "group": spec.group, "axes": spec.axes, "arch": spec.arch, "seed": spec.seed, **run.size,
         "metric": task.metric, "higher_is_better": task.higher_is_better,
-        "steps_planned": spec.train.steps, "steps_completed": state.step, "diverged_at_step": diverged_at,
+        "steps_planned": spec.train.steps, "steps_completed": state.step, "diverged_at_step": state.diverged_at,
+        "early_stop": spec.train.early_stop, "stopped_early_at_step": state.stopped_at,
         "seen": state.seen, "seen_unit": task.progress_unit, "scored_unit": task.scored_unit,
         "reach": stack_reach(run.model.blocks), "chance": task.chance,
         "train_split": task.train_split, "eval_split": task.eval_split, "test_split": task.test_split,
         "eval_batches": spec.train.eval_batches, "last_eval": state.last_eval, "best_eval": state.best,
-        "train_loss_last": state.log[-1]["loss"] if state.log else None,
-        "wall_time_s": wall, "resumed_from_steps": state.resumed_from, "device": run.device.type,
+        "train_loss_last": train_rows[-1]["loss"] if train_rows else None,
+        "wall_time_s": state.elapsed, "resumed_from_steps": state.resumed_from, "device": run.device.type,
         "data": task.data_record(),
     }
-    write_json(run.run_dir / "provenance.json", provenance(run.device, seed=spec.seed, wall_time_s=wall))
-    write_json(run.run_dir / "metrics.json", metrics)
-    ckpt_path = run.run_dir / CHECKPOINT
-    if ckpt_path.exists():
-        ckpt_path.unlink()  # the run is complete; model.pt holds the result
-    return metrics

@@ -1,0 +1,194 @@
+"""The cost plan (python -m seqmix plan) and the preflight checks run before the first job."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seqmix.config import validate_config
+from seqmix.models.budget import BudgetError, solve_budget
+from seqmix.models.lm import CausalLM, LMConfig
+from seqmix.plan import (
+    GIB,
+    README_BEGIN,
+    README_END,
+    LiveBytes,
+    budget_problems,
+    complexity_problems,
+    flop_counter,
+    measure_step,
+    plan_rows,
+    precision_problems,
+    splice_between,
+    step_bytes,
+    totals,
+)
+from seqmix.study import run_spec, runs
+from seqmix.tasks import task_class
+
+from .conftest import tiny_config
+
+
+def test_live_bytes_counts_allocations_until_they_are_freed():
+    with LiveBytes() as live:
+        a = torch.ones(1000)  # 4,000 bytes
+        b = a * 2  # 8,000 live
+        del a
+        c = b + 1  # 8,000 again: a was freed
+        v = c.view(10, 100)  # a view is no new memory
+        c.add_(1)  # nor is an in-place result
+        assert live.live == 8000
+    assert live.peak == 8000 and v.shape == (10, 100)
+
+
+def _study(tmp_path, **changes):
+    raw = tiny_config(tmp_path, None, archs=("softmax", "mamba"))
+    for key, value in changes.items():
+        *sections, field = key.split(".")
+        node = raw
+        for part in sections:
+            node = node.setdefault(part, {})
+        node[field] = value
+    return validate_config(raw)
+
+
+def test_the_step_is_counted_on_the_real_model(tmp_path):
+    """FLOPs of a softmax LM step: 2 FLOPs per multiply-add of every linear layer on every
+    token, plus SDPA's QKᵀ and AV, forward; the backward pass twice that for the linear
+    layers, and for SDPA its five products (the scores recomputed: 2.5 × its forward)."""
+    study = _study(tmp_path, **{"tasks.mqar.model.d_ff_mult": 4.0, "tasks.mqar.train.batch_size": 4})
+    spec = run_spec(study, "mqar", "softmax", 0)
+    step = measure_step(spec)
+    d, L, B, V = 16, 16, 4, 32
+    linear = 4 * d * d + 2 * d * 4 * d  # q, k, v, o and the MLP, one layer
+    queries = spec.train.batch_size * spec.settings["num_kv_pairs"]  # the head runs at the queries only
+    attention = 2 * 2 * B * L * L * d  # QKᵀ and AV (SDPA counts the full L × L)
+    forward = 2 * B * L * linear + attention + 2 * queries * d * V
+    assert step.eval_flops == forward
+    assert step.train_flops == 3 * (forward - attention) + 3.5 * attention
+    assert step.tokens == B * L and step.params > 0
+    # the batch-1/2 extension equals a count at the batch itself
+    model = CausalLM(LMConfig(arch="softmax", vocab_size=V, max_len=L, d_model=d, n_layers=1, dropout=0.0,
+                              mixer_options=spec.mixer_options))
+    task = task_class(spec.kind).without_data(spec)
+    with torch.no_grad(), flop_counter() as fc:
+        task.loss(model.eval(), task.example_batch(B, "cpu"))
+    assert fc.get_total_flops() == step.eval_flops
+
+
+@pytest.mark.parametrize("arch", ["mamba", "softmax"])
+def test_step_memory_extended_from_two_small_batches_matches_the_batch(tmp_path, arch):
+    """Activations and the forward+backward peak at batch 8, extended from batches 1 and 2,
+    against the same step measured at batch 8 (Mamba's backward holds ~1.8x its activations)."""
+    spec = run_spec(_study(tmp_path, **{"tasks.mqar.train.batch_size": 8}), "mqar", arch, 0)
+    task = task_class(spec.kind).without_data(spec)
+    model = CausalLM(LMConfig(arch=arch, vocab_size=32, max_len=16, d_model=16, n_layers=1, d_ff_mult=4.0,
+                              block=spec.model.block, mixer_options=spec.mixer_options)).eval()
+    activations, peak = step_bytes(task, model, 8)
+    with LiveBytes() as live:
+        loss = task.loss(model, task.example_batch(8, "cpu"))
+        held = live.live
+        loss.backward()
+    assert activations == pytest.approx(held, rel=0.05)
+    assert peak == pytest.approx(live.peak, rel=0.10) and peak >= activations
+
+
+def test_a_training_step_beyond_the_machines_memory_is_refused(tmp_path, monkeypatch):
+    import seqmix.plan as plan
+
+    spec = run_spec(_study(tmp_path), "mqar", "mamba", 0)
+    task = task_class(spec.kind).without_data(spec)
+    model = CausalLM(LMConfig(arch="mamba", vocab_size=32, max_len=16, d_model=16, n_layers=1, block="pre_rms"))
+    assert plan.memory_problem(task, model, 4, torch.device("cpu")) is None
+    monkeypatch.setattr(plan, "available_memory", lambda device: 1000.0)
+    problem = plan.memory_problem(task, model, 4, torch.device("cpu"))
+    assert problem.startswith("a training step of mqar/mamba/seed0 needs about") and "lower train.batch_size" in problem
+
+
+def test_the_plan_adds_up_runs_tokens_and_flops(tmp_path):
+    study = _study(tmp_path, seeds=[0, 1])
+    rows = plan_rows(study, mfu=0.5, peak=1e12)
+    assert {(r["task"], r["arch"]) for r in rows} == {("mqar", "softmax"), ("mqar", "mamba")}
+    assert sum(r["runs"] for r in rows) == len(runs(study)) == 4
+    spec = run_spec(study, "mqar", "softmax", 0)
+    step = measure_step(spec)
+    row = next(r for r in rows if r["arch"] == "softmax")
+    evals = spec.train.steps // spec.train.eval_every
+    flops = 2 * (spec.train.steps * step.train_flops + evals * spec.train.eval_batches * step.eval_flops)
+    assert row["pflop"] == pytest.approx(flops / 1e15)
+    assert row["tokens"] == 2 * spec.train.steps * spec.train.batch_size * 16
+    assert row["h100_hours"] == pytest.approx(flops / (1e12 * 0.5) / 3600)
+    assert totals(rows)["runs"] == 4
+
+
+def test_a_budget_that_cannot_be_met_is_refused_before_any_job(tmp_path):
+    """Mamba's block has no feed-forward to refine: a budget between two widths with a
+    tolerance tighter than their gap is refused, naming the key and the counts."""
+    budget = {"params": 17000, "tolerance": 0.01, "width_step": 16, "ffn_step": 1}
+    study = _study(tmp_path, **{"tasks.mqar.model.budget": budget})
+    problems = budget_problems(study)  # mamba: 11,520 at d 32, 22,080 at d 48
+    assert len(problems) == 1 and problems[0].startswith("config key 'tasks.mqar.model.budget' (mamba)")
+    assert "cannot be met" in problems[0] and "width_step" in problems[0]
+    softmax = measure_step(run_spec(study, "mqar", "softmax", 0))  # its d_ff was refined
+    assert abs(softmax.params / 17000 - 1) <= 0.01
+
+
+def test_the_feed_forward_refinement_lands_within_tolerance():
+    def build(d, n, f):
+        return CausalLM(LMConfig(arch="softmax", vocab_size=30522, max_len=128, d_model=d, n_layers=n, d_ff_mult=f))
+
+    closest = solve_budget(build, d_model=256, n_layers=6, d_ff_mult=4.0, params=13_000_000, width_step=16)
+    assert abs(closest.params / 13e6 - 1) > 0.01  # the paper's widths alone miss ±1 %
+    within = solve_budget(build, d_model=256, n_layers=6, d_ff_mult=4.0, params=13_000_000, width_step=16,
+                          tolerance=0.01)
+    assert abs(within.params / 13e6 - 1) <= 0.01 and within.d_model == closest.d_model
+    assert within.d_ff_mult != 4.0 and round(within.d_ff_mult * within.d_model) % 8 == 0
+    with pytest.raises(BudgetError, match="cannot be met"):
+        solve_budget(build, d_model=256, n_layers=6, d_ff_mult=4.0, params=13_000_000, width_step=16,
+                     tolerance=1e-7)
+
+
+def test_bf16_without_a_gpu_is_refused(tmp_path):
+    study = _study(tmp_path, **{"tasks.mqar.train.precision": "bf16"})
+    (problem,) = precision_problems(study, has_gpu=False)
+    assert problem.startswith("config key 'tasks.mqar.train.precision' is bf16") and "fp32" in problem
+    assert precision_problems(study, has_gpu=True) == []
+
+
+def test_a_complexity_length_beyond_the_machines_memory_is_refused(tmp_path):
+    study = _study(tmp_path, **{"analysis.complexity.architectures": ["mamba"]})
+    assert complexity_problems(study, available_bytes=64 * GIB) == []
+    (problem,) = complexity_problems(study, available_bytes=1000)
+    assert "analysis.complexity.lengths' reaches L = 32" in problem and "mamba" in problem
+
+
+def test_the_readme_table_is_spliced_between_its_markers():
+    readme = f"intro\n{README_BEGIN}\nold table\n{README_END}\nrest\n"
+    out = splice_between(readme, README_BEGIN, README_END, "| new |\n")
+    assert out == f"intro\n{README_BEGIN}\n| new |\n{README_END}\nrest\n"
+    with pytest.raises(ValueError, match="no markers"):
+        splice_between("no markers", README_BEGIN, README_END, "x")
+
+
+def test_benchmark_files_are_summed_per_rule(tmp_path):
+    """Snakemake's benchmark TSVs (s, max_rss in MB, cpu_time) per rule, the largest job named."""
+    import os
+
+    from seqmix.report.benchmarks import elapsed_s, markdown, read_benchmarks, summarise
+
+    head = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    files = {"train/wikitext2/mamba/seed0.tsv": (100.0, 900.0, 180.0, 1000),
+             "train/wikitext2/softmax/seed0.tsv": (50.0, 1200.0, 90.0, 1100),
+             "report.tsv": (10.0, "NA", 5.0, 1200)}
+    for name, (s, rss, cpu, end) in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(head + f"{s}\t0:00:00\t{rss}\t0\t0\t0\t0\t0\t0\t{cpu}\n")
+        os.utime(path, (end, end))
+    rows = read_benchmarks(tmp_path)
+    (train, report) = summarise(rows)
+    assert train == {"rule": "train", "jobs": 2, "wall_s": 150.0, "max_wall_s": 100.0, "cpu_s": 270.0,
+                     "max_rss_mb": 1200.0, "worst": "wikitext2/softmax/seed0"}
+    assert report["rule"] == "report" and report["max_rss_mb"] == 0.0 and report["worst"] == "-"
+    assert elapsed_s(rows) == 1200 - 900  # the first job started at 1000 - 100
+    assert "| train | 2 | 150 | 100 | 270 | 1200 | wikitext2/softmax/seed0 |" in markdown(summarise(rows), 300)
