@@ -333,7 +333,7 @@ def test_measured_sparsity_at_the_bound_and_before_attention_is_learned(tmp_path
 def test_a_complexity_claim_without_a_fitted_exponent_is_not_testable(tmp_path):
     lin = claim("lin", "complexity_exponent", arch="linear", measures=["fwdbwd_ms"], unit="exponent",
                 agree_if={"min": 0.8, "max": 1.3}, requires={"min_length": 16})
-    fits = pd.DataFrame([dict(arch="linear", device="cpu", measure="fwdbwd_ms", min_len=16, max_len=64,
+    fits = pd.DataFrame([dict(arch="linear", device="cpu", measure="fwdbwd_ms", min_len=16, max_len=64, points=1,
                               slope=float("nan"), ci_low=float("nan"), ci_high=float("nan"))])
     row = evaluate(tmp_path, [lin], complexity_fit=fits).loc["lin"]
     assert row.verdict == "not testable"

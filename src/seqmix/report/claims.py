@@ -195,7 +195,9 @@ def eval_threshold(res: Results, claim: dict) -> ClaimResult:
 
 def _group_rows(res: Results, claim: dict) -> pd.DataFrame:
     runs = res.runs
-    return runs[runs.group == claim["task"]] if runs is not None else pd.DataFrame()
+    if runs is None or "group" not in runs:
+        return pd.DataFrame()
+    return runs[runs.group == claim["task"]]
 
 
 def _sweep_scale(rows: pd.DataFrame, per: str, values) -> str:
