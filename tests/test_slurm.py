@@ -211,7 +211,10 @@ def dag_run(slurm, mirror, tmp_path_factory):
     """The tiny DAG of tests/test_dag.py (three tasks, softmax and Grassmann) to report.pdf
     through SLURM with the profile as it is, the GPU request on."""
     work = copy_workflow(tmp_path_factory.mktemp("slurm") / "repo")
-    config = write_config(work, tiny_config(work, mirror))
+    cfg = tiny_config(work, mirror)
+    cfg.update(resources=CONFIG_RESOURCES)
+    cfg["tasks"]["mqar"]["resources"] = MQAR_RESOURCES
+    config = write_config(work, cfg)
     planned = declared(job_blocks(dry_run(work, slurm, config)))
     planned.pop(("all", ""))  # the target rule: no command, nothing to submit
     started = time.time()
@@ -221,6 +224,21 @@ def dag_run(slurm, mirror, tmp_path_factory):
     assert proc.returncode == 0, log[-6000:]
     print(f"\ntiny DAG through SLURM: {time.time() - started:.0f} s")
     return work, log, planned, seen
+
+
+# Sizes in the config that no default has (the config's `resources` section and MQAR's own
+# training and evaluation), so that a request equal to them can only have come from it.
+CONFIG_RESOURCES = {"train": {"mem_mb": 1100, "runtime": 41}, "eval": {"mem_mb": 1200, "runtime": 42},
+                    "report": {"mem_mb": 1300, "runtime": 43}}
+MQAR_RESOURCES = {"train": {"mem_mb": 1400, "runtime": 44}, "eval": {"mem_mb": 1500, "runtime": 45}}
+
+
+def config_request(rule: str, wildcards: str) -> tuple[int, str] | None:
+    """(MB, sacct Timelimit) the test config sets for a job of this rule, None where it
+    leaves the rule to the defaults."""
+    own = MQAR_RESOURCES if "task=mqar" in wildcards else {}
+    size = own.get(rule) or CONFIG_RESOURCES.get(rule)
+    return (size["mem_mb"], time_limit(size["runtime"])) if size else None
 
 
 def test_the_dag_reaches_the_report_through_sbatch(dag_run, slurm):
@@ -244,9 +262,16 @@ def test_each_job_asked_slurm_for_what_its_rule_declares(dag_run, slurm):
     _, log, planned, _ = dag_run
     blocks, subs = job_blocks(log), submissions(log)
     records = sacct(slurm, [s for _, s in subs])
+    from_config = set()
     for sm_id, slurm_id in subs:
         job = blocks[sm_id]
         key = (job["rule"], job["wildcards"])
+        # Every job declares its memory and time (a rule without them would run with no time
+        # limit on most clusters, and be killed at the partition's default on others).
+        assert job["mem_mb"] > 0 and job["runtime"] > 0, f"rule {job['rule']} declares no mem_mb/runtime"
+        if (size := config_request(*key)) is not None:
+            assert (megabytes(records[slurm_id]["ReqMem"]), records[slurm_id]["Timelimit"]) == size, key
+            from_config.add(key)
         # The profile adds the GPU for training and nothing else: threads, memory and time
         # are what the rules declare for this config (planned locally, without the profile).
         assert {**planned[key], "gpu": 1 if job["rule"] == "train" else 0} == \
@@ -255,8 +280,11 @@ def test_each_job_asked_slurm_for_what_its_rule_declares(dag_run, slurm):
         assert records[slurm_id]["ReqMem"] and megabytes(records[slurm_id]["ReqMem"]) == job["mem_mb"]
     train = [records[s] for j, s in subs if blocks[j]["rule"] == "train"]
     assert train and all(tres(r)["gres/gpu"] == "1" for r in train)
-    # The sizes differ by rule (the rules' own, not one default for every job).
+    # The sizes differ by rule (the rules' own, not one default for every job), and the
+    # config's sizes reached SLURM for training, evaluation (MQAR's own) and the report.
     assert len({(blocks[j]["mem_mb"], blocks[j]["runtime"]) for j, _ in subs}) > 1
+    assert {rule for rule, _ in from_config} == {"train", "eval", "report"}
+    assert {w for rule, w in from_config if rule == "train" and "task=mqar" in w}
 
 
 def test_the_profile_sizes_no_job_itself():
