@@ -282,6 +282,7 @@ class AnalysisSpec(Section):
 
 class ReportSpec(Section):
     title: str = "Is softmax attention what sequence models need?"
+    scope: str = Field("", description="plain text the report's Setup section prints about this profile: what it measures, what it leaves out and why")
 
 
 class ResourcesSpec(Section):
