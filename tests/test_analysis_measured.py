@@ -266,3 +266,13 @@ def test_model_sparsity_at_scored_rows_computes_only_their_jacobians():
     att = [r for r in rows if r["kind"] == "attention"]
     assert all(r["positions"] == "scored" for r in rows)
     assert all(r["rows"] == 3 for r in jac) and all(r["rows"] == 3 for r in att) and len(att) == 2
+
+
+def test_effective_attention_with_no_position_asked_is_all_nan():
+    # A sequence in which no query row reaches min_row_len asks for no position: the rows
+    # stay NaN (not measured) instead of an IndexError from an empty float index.
+    from seqmix.analysis.jacobian import effective_attention
+
+    layer = torch.nn.Linear(4, 4)
+    out = effective_attention(layer, torch.randn(2, 5, 4), positions=[])
+    assert out.shape == (2, 5, 5) and torch.isnan(out).all()

@@ -178,7 +178,7 @@ def test_trained_crate_keeps_istas_exact_zeros_in_the_stream():
 class ToSTReferenceBlock(nn.Module):
     """ToST's language Block as its code is structured: nanoGPT's ln_1/attn/ln_2/mlp with
     LayerScale, x = x + γ1 ⊙ attn(ln_1(x)); x = x + γ2 ⊙ mlp(ln_2(x)); the attention is
-    CausalSelfAttention_TSSA, written out here per REFERENCE of the code (§2.3 of the
+    CausalSelfAttention_TSSA, written out here after the reference code (§2.3 of the
     ToST paper's causal form), mlp = c_proj(GELU(c_fc(x)))."""
 
     def __init__(self, d: int, heads: int, max_len: int):

@@ -170,6 +170,17 @@ def test_threshold_per_width_takes_each_widths_best_point_by_eval(tmp_path):
     assert row.value == pytest.approx(0.95) and row.verdict == "disagrees"
 
 
+def test_a_claim_listing_tasks_is_judged_on_the_first_one_this_profile_trained(tmp_path):
+    # The quick profile's cell is listed first, the paper profile's second: a profile that
+    # trained only the second is judged there, not reported as "not trained".
+    per = {**THR, "task": ["mqar/quick", "mqar/paper"], "per": "model.d_model"}
+    runs = [sweep_row("mqar/paper", "softmax", 8, 1e-3, 0.995, 0.995)]
+    row = evaluate(tmp_path, [per], runs).loc["thr"]
+    assert row.verdict == "agrees" and "mqar/paper" in row.measured_on
+    row = evaluate(tmp_path, [{**per, "task": ["mqar/quick", "mqar/other"]}], runs).loc["thr"]
+    assert row.verdict == "not testable" and "mqar/quick" in row.why
+
+
 def test_threshold_per_width_is_not_testable_where_the_selected_run_was_still_learning(tmp_path):
     # d 16's selected run gained 0.10 accuracy over the last quarter of its steps: its budget
     # ran out before it settled, so the claim cannot be judged there; at most 0.02 it can.
@@ -333,7 +344,7 @@ def test_measured_sparsity_at_the_bound_and_before_attention_is_learned(tmp_path
 def test_a_complexity_claim_without_a_fitted_exponent_is_not_testable(tmp_path):
     lin = claim("lin", "complexity_exponent", arch="linear", measures=["fwdbwd_ms"], unit="exponent",
                 agree_if={"min": 0.8, "max": 1.3}, requires={"min_length": 16})
-    fits = pd.DataFrame([dict(arch="linear", device="cpu", measure="fwdbwd_ms", min_len=16, max_len=64,
+    fits = pd.DataFrame([dict(arch="linear", device="cpu", measure="fwdbwd_ms", min_len=16, max_len=64, points=1,
                               slope=float("nan"), ci_low=float("nan"), ci_high=float("nan"))])
     row = evaluate(tmp_path, [lin], complexity_fit=fits).loc["lin"]
     assert row.verdict == "not testable"

@@ -259,7 +259,8 @@ class ThroughputSpec(Section):
     n_layers: int = Field(2, ge=1)
     d_ff_mult: float = Field(4.0, ge=0, description="feed-forward width as a multiple of d_model; 0 = none")
     vocab_size: int = Field(4096, ge=2)
-    norm: Literal["post", "pre"] = "pre"
+    block: Literal[("native", *catalogue.BLOCKS)] = Field(
+        "native", description="the residual block of every model: native = each architecture's own (catalogue.py)")
     dropout: float = Field(0.1, ge=0, le=1)
     tokens_per_batch: int = Field(4096, ge=1, description="tokens per training step; batch = tokens_per_batch // L (at least 1)")
     warmup: int = Field(1, ge=0, description="untimed training steps per model before the first round")
@@ -281,6 +282,7 @@ class AnalysisSpec(Section):
 
 class ReportSpec(Section):
     title: str = "Is softmax attention what sequence models need?"
+    scope: str = Field("", description="plain text the report's Setup section prints about this profile: what it measures, what it leaves out and why")
 
 
 class ResourcesSpec(Section):

@@ -1,4 +1,5 @@
 # Shared helpers for the rules: run lists, paths and the per-job JSON the commands receive.
+import functools
 import json
 import re
 import shlex
@@ -136,5 +137,9 @@ def notebook_inputs(name):
 def notebook_params(name):
     params = {"results_dir": RESULTS, "paper_dir": "paper"}
     for key, value in NOTEBOOKS[name].get("params", {}).items():
-        params[key] = str(SRC / value.removeprefix("src:")) if value.startswith("src:") else value
+        if value.startswith("src:"):  # a path in the repository
+            value = str(SRC / value.removeprefix("src:"))
+        elif value.startswith("config:"):  # a setting of the study, e.g. config:report.scope
+            value = functools.reduce(getattr, value.removeprefix("config:").split("."), STUDY)
+        params[key] = value
     return " ".join(f"-p {k} {shlex.quote(v)}" for k, v in params.items())

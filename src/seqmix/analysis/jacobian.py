@@ -62,7 +62,7 @@ def effective_attention(
     dropout would make the rows inconsistent.
     """
     B, L, d = x.shape
-    ts = torch.arange(L, device=x.device) if positions is None else torch.as_tensor(positions, device=x.device)
+    ts = torch.arange(L, device=x.device) if positions is None else torch.as_tensor(positions, dtype=torch.long, device=x.device)
     # Row (t, i) of the Jacobian for every asked t and every output feature i.
     flat = (ts[:, None] * d + torch.arange(d, device=x.device)[None, :]).reshape(-1)
     out = torch.full((B, L, L), float("nan"), dtype=x.dtype, device=x.device)

@@ -80,7 +80,8 @@ def training_step(arch: str, seq_len: int, spec: ThroughputSpec, options: dict,
     torch.manual_seed(0)
     cfg = LMConfig(arch=arch, vocab_size=spec.vocab_size, max_len=seq_len, d_model=spec.d_model,
                    n_layers=spec.n_layers, d_ff_mult=spec.d_ff_mult, dropout=spec.dropout,
-                   norm=spec.norm, mixer_options=options)
+                   block=catalogue.mixer_entry(arch).block if spec.block == "native" else spec.block,
+                   mixer_options=options)
     model = CausalLM(cfg).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = max(1, spec.tokens_per_batch // seq_len)

@@ -38,6 +38,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 
@@ -191,12 +192,15 @@ class SlidingWindowAttention(HeadProjections, Mixer):
         q, k, v = self._heads(x)
         L = x.shape[1]
         if L <= DENSE_FACTOR * (2 * o.window + o.n_global):
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self._dense_mask(L, x.device))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self._dense_mask(L, x.device, x))
         else:
             y = banded_attention(q, k, v, o.window, o.n_global, self.causal)
         return self._merge(y, x)
 
-    def _dense_mask(self, L: int, device) -> torch.Tensor:
+    def _dense_mask(self, L: int, device, like: torch.Tensor) -> torch.Tensor:
+        o = self.options
+        if isinstance(like, FakeTensor):  # cost counting: a cached real mask cannot mix with fake tensors
+            return sliding_window_mask(L, o.window, o.n_global, self.causal, device)
         key = (L, str(device))
         if key not in self._masks:  # one (L, L) bool mask per length, shared by every batch
             o = self.options

@@ -195,7 +195,9 @@ def eval_threshold(res: Results, claim: dict) -> ClaimResult:
 
 def _group_rows(res: Results, claim: dict) -> pd.DataFrame:
     runs = res.runs
-    return runs[runs.group == claim["task"]] if runs is not None else pd.DataFrame()
+    if runs is None or "group" not in runs:
+        return pd.DataFrame()
+    return runs[runs.group == claim["task"]]
 
 
 def _sweep_scale(rows: pd.DataFrame, per: str, values) -> str:
@@ -490,9 +492,21 @@ EVALUATORS: dict[str, Any] = {
 }
 
 
+def task_in_profile(res: Results, claim: dict) -> dict:
+    """The claim with ``task`` resolved: a list of tasks names where each profile tests it
+    (the quick profile's MQAR cell, the paper profile's Zoology cells); the first one this
+    profile trained (a task or a sweep's group) is the one judged, else the first listed."""
+    tasks = claim.get("task")
+    if not isinstance(tasks, list):
+        return claim
+    runs = res.runs
+    ran = set(runs.task) | set(runs.get("group", [])) if runs is not None else set()
+    return {**claim, "task": next((t for t in tasks if t in ran), tasks[0])}
+
+
 def evaluate_claims(claims_path: str | Path, results_dir: str | Path) -> pd.DataFrame:
     res = Results(results_dir)
-    out = [EVALUATORS[c["kind"]](res, c) for c in load_claims(claims_path)]
+    out = [EVALUATORS[c["kind"]](res, task_in_profile(res, c)) for c in load_claims(claims_path)]
     return pd.DataFrame([dataclasses.asdict(r) for r in out])
 
 
