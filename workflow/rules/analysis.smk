@@ -47,6 +47,11 @@ rule throughput:
         cfg=lambda w: analysis_config("throughput"),
     log:
         f"{RESULTS}/logs/analysis/throughput.log",
+    benchmark:
+        benchmark_file("throughput")
+    resources:
+        mem_mb=resources_of("throughput").mem_mb,
+        runtime=resources_of("throughput").runtime,
     # One thread (analysis.throughput.threads, 1 by default): the table is tokens/s per core.
     # Whatever runs on the other cores loads every architecture alike, because the rounds
     # interleave them and the ratios to softmax are taken within a round.
