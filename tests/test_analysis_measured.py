@@ -199,19 +199,29 @@ def test_model_sparsity_reads_a_noncausal_pair_classifier():
 
 
 def test_sparsity_measures_every_architecture_of_the_quick_config():
+    import yaml
+
     from seqmix import catalogue
-    from seqmix.config import load_config
+    from seqmix.config import validate_config
     from seqmix.study import sparsity_runs
 
     from .conftest import REPO
 
-    study = load_config(REPO / "config" / "config.yaml")
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    study = validate_config(raw)
     measured = sparsity_runs(study)
     assert {r.arch for r in measured} == set(study.architectures)
     tasks = study.analysis.sparsity.tasks
     assert all(r.task in tasks for r in measured if catalogue.mixer_entry(r.arch).causal)
+    # The quick profile trains causal mixers only; with a non-causal one (Linformer) and an
+    # encoder task (SNLI) added, the non-causal mixer is measured on its SNLI runs (the
+    # fallback task), and only then.
+    raw["architectures"] = [*raw["architectures"], "linformer"]
+    raw["tasks"]["snli"] = {"train_file": "train_sample_1pct"}
+    study = validate_config(raw)
+    measured = sparsity_runs(study)
     noncausal = {r.arch for r in measured if not catalogue.mixer_entry(r.arch).causal}
-    assert noncausal and {(r.task, r.seed) for r in measured if r.arch in noncausal} == {
+    assert noncausal == {"linformer"} and {(r.task, r.seed) for r in measured if r.arch in noncausal} == {
         ("snli", s) for s in study.seeds}
     without = study.model_copy(update={"analysis": study.analysis.model_copy(update={
         "sparsity": study.analysis.sparsity.model_copy(update={"fallback_task": None})})})

@@ -193,6 +193,19 @@ def test_threshold_per_width_is_not_testable_where_the_selected_run_was_still_le
     assert evaluate(tmp_path, [per], runs).loc["thr"].verdict == "disagrees"
 
 
+def test_threshold_per_width_is_not_testable_where_the_selected_run_never_left_the_plateau(tmp_path):
+    # d 8's run is flat (final gain 0) at chance 0.125: flat because it never started to
+    # learn, not because it settled; 2 x chance is the line. At 0.30 it had left it and the
+    # claim disagrees there.
+    per = {**THR, "task": "mqar/s", "per": "model.d_model", "requires": {"max_final_gain": 0.02, "min_over_chance": 2.0}}
+    runs = [sweep_row("mqar/s", "softmax", 8, 1e-3, 0.14, 0.14, final_gain=0.0, chance=0.125),
+            sweep_row("mqar/s", "softmax", 16, 1e-3, 0.995, 0.995, final_gain=0.0, chance=0.125)]
+    row = evaluate(tmp_path, [per], runs).loc["thr"]
+    assert row.verdict == "not testable" and "at d_model 8 softmax had not left the initial plateau" in row.why
+    runs[0].update(eval_value=0.30, test_value=0.30)
+    assert evaluate(tmp_path, [per], runs).loc["thr"].verdict == "disagrees"
+
+
 # --- width_to_reach ----------------------------------------------------------------------------
 
 WIDTH = claim("width", "width_to_reach", task="mqar/s", arch="linear", baselines=["softmax"],
@@ -230,7 +243,10 @@ RECALL = claim("recall", "recall_beyond_reach", task="mqar/s", arch="grassmann",
 
 
 def recall_results(within: tuple[int, int], beyond: tuple[int, int], reach=4.0):
-    runs = [sweep_row("mqar/s", "grassmann", 16, 1e-3, 0.6, 0.6, reach=reach, chance=0.25)]
+    # Softmax at the same sweep point, listed first, has no finite reach: the claim must read
+    # the architecture's own run, not the first row of its sweep point.
+    runs = [sweep_row("mqar/s", "softmax", 16, 1e-3, 0.9, 0.9, reach=float("nan"), chance=0.25),
+            sweep_row("mqar/s", "grassmann", 16, 1e-3, 0.6, 0.6, reach=reach, chance=0.25)]
     task = runs[0]["task"]
     rows = []
     for split, scale in (("test", 1), ("validation", 0)):  # validation rows must not count

@@ -227,18 +227,25 @@ def eval_threshold_per(res: Results, claim: dict) -> ClaimResult:
 
 
 def _still_learning(claim: dict, rows: pd.DataFrame, best: pd.DataFrame) -> list[str]:
-    """``requires.max_final_gain``: the swept values at which the selected run of ``arch``
-    was still improving when its budget ran out (its periodic evaluation metric rose by more
-    than this over the last quarter of its steps; runs.csv's ``final_gain``)."""
-    limit = claim["requires"].get("max_final_gain")
-    if limit is None or "final_gain" not in rows:
-        return []
+    """The swept values at which the selected run of ``arch`` had not reached the regime the
+    claim is about when its budget ran out:
+    ``requires.max_final_gain``: its periodic evaluation metric was still rising by more than
+    this over the last quarter of its steps (runs.csv's ``final_gain``);
+    ``requires.min_over_chance``: its test metric was below this multiple of the task's
+    chance level, i.e. it had not left the initial plateau (MQAR: a model that outputs some
+    value of the context, not the queried one), where a flat curve says nothing."""
+    gain_limit, plateau = claim["requires"].get("max_final_gain"), claim["requires"].get("min_over_chance")
     axis, out = claim["per"].split(".")[-1], []
     for point in best.itertuples():
-        gain = rows[(rows.task == point.task) & (rows.arch == claim["arch"])].final_gain.mean()
-        if gain > limit:
+        mine = rows[(rows.task == point.task) & (rows.arch == claim["arch"])]
+        gain = mine.final_gain.mean() if "final_gain" in mine else float("nan")
+        chance = mine.chance.mean() if "chance" in mine else float("nan")
+        if gain_limit is not None and gain > gain_limit:
             out.append(f"at {axis} {point.per_value:g} {claim['arch']} was still learning when its budget ran out "
-                       f"({point.metric} +{gain:.3f} over the last quarter of its steps, more than {limit:g})")
+                       f"({point.metric} +{gain:.3f} over the last quarter of its steps, more than {gain_limit:g})")
+        elif plateau is not None and point.test_mean < plateau * chance:
+            out.append(f"at {axis} {point.per_value:g} {claim['arch']} had not left the initial plateau when its budget "
+                       f"ran out ({point.metric} {point.test_mean:.3f}, below {plateau:g} x chance {chance:.3f})")
     return out
 
 
@@ -284,7 +291,9 @@ def eval_recall_beyond_reach(res: Results, claim: dict) -> ClaimResult:
     table = res.table("summary/breakdown.csv")
     if task is None or table is None:
         return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim['arch']} not trained on {claim['task']}")
-    run = rows[(rows.task == task) & (rows.status == "ok")]
+    run = rows[(rows.task == task) & (rows.arch == claim["arch"]) & (rows.status == "ok")]
+    if run.empty:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"no run of {claim['arch']} on {task} finished")
     reach, chance = run.reach.iloc[0], float(run.chance.iloc[0])
     if pd.isna(reach):
         return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim['arch']} has no finite reach")
