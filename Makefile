@@ -14,7 +14,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # What the scheduler may hand out to jobs at once (each rule declares mem_mb): 90 % of this
 # machine's memory, so that two jobs that each need most of it never run side by side.
 MEM_MB ?= $(shell awk '/MemTotal/ {printf "%d", $$2 * 0.9 / 1024}' /proc/meminfo 2>/dev/null || echo 8000)
-SNAKEMAKE := snakemake --profile workflow/profiles/default --cores $(CORES) --resources mem_mb=$(MEM_MB)
+# Extra Snakemake options, e.g. `make paper-smoke SNAKEMAKE_ARGS="--prioritize sparsity"`.
+SNAKEMAKE_ARGS ?=
+SNAKEMAKE := snakemake --profile workflow/profiles/default --cores $(CORES) --resources mem_mb=$(MEM_MB) $(SNAKEMAKE_ARGS)
 
 .PHONY: install latex report paper paper-smoke plan test test-all lint clean help
 

@@ -165,3 +165,15 @@ def test_fake_and_real_tensors_count_the_same(arch):
     for m in ("bytes_written_fwdbwd", "peak_fwdbwd_bytes", "bytes_written_fwd", "peak_fwd_bytes"):
         assert fake[m] == pytest.approx(real[m], rel=0.05), m
     assert cc.count_mixer(mixer, 64, 2, fake=False) == real  # the same on every run
+
+
+@pytest.mark.parametrize("arch", [m.name for m in catalogue.MIXERS])
+def test_fake_counting_leaves_the_mixer_usable_on_real_tensors(arch):
+    # The complexity sweep counts a mixer fake, then times the same module on real tensors:
+    # a per-length cache filled during the fake pass (sliding window's dense mask at L 256,
+    # found by the paper smoke) must not hold fake tensors afterwards.
+    L = 128
+    mixer = build_mixer(arch, 16, L, {}, "cpu")
+    cc.count_mixer(mixer, L, 1, fake=True)
+    x = torch.randn(1, L, 16)
+    assert torch.isfinite(mixer(x)).all()

@@ -192,3 +192,37 @@ def test_benchmark_files_are_summed_per_rule(tmp_path):
     assert report["rule"] == "report" and report["max_rss_mb"] == 0.0 and report["worst"] == "-"
     assert elapsed_s(rows) == 1200 - 900  # the first job started at 1000 - 100
     assert "| train | 2 | 150 | 100 | 270 | 1200 | wikitext2/softmax/seed0 |" in markdown(summarise(rows), 300)
+
+
+def test_every_rule_that_runs_a_command_declares_its_memory_runtime_and_benchmark():
+    """The scheduler packs jobs by their declared mem_mb (a rule without one counts 0 and may
+    start beside a job that needs most of the machine), and benchmarks.md sums every job's
+    benchmark file: each rule with a shell command declares all three."""
+    import re
+    from pathlib import Path
+
+    def rules(text: str):
+        """(name, body) of every rule, named (``rule x:``) or in a loop (``rule:`` + ``name:``)."""
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            head = re.match(r"(\s*)rule( \w+)?:", line)
+            if head:
+                body = []
+                for nxt in lines[i + 1:]:
+                    if nxt.strip() and len(nxt) - len(nxt.lstrip()) <= len(head[1]):
+                        break
+                    body.append(nxt)
+                yield (head[2] or "(loop)").strip(), "\n".join(body)
+
+    rules_dir = Path(__file__).resolve().parents[1] / "workflow" / "rules"
+    missing, checked = [], []
+    for smk in sorted(rules_dir.glob("*.smk")):
+        for name, body in rules(smk.read_text()):
+            if "shell:" not in body:
+                continue  # a target rule (all, analysis): no job runs
+            checked.append(name)
+            for needed in ("mem_mb=", "runtime=", "benchmark:"):
+                if needed not in body:
+                    missing.append(f"{smk.name}: rule {name} has no {needed.rstrip('=:')}")
+    assert {"train", "eval", "complexity", "throughput", "report", "(loop)"} <= set(checked)
+    assert not missing, "\n".join(missing)

@@ -294,6 +294,7 @@ class ResourcesSpec(Section):
     eval: JobResources = _jobs(2000, 30)
     data: JobResources = _jobs(3000, 30)
     complexity: JobResources = _jobs(4000, 60)
+    throughput: JobResources = _jobs(3000, 30)
     sparsity_run: JobResources = _jobs(3000, 60)
     geometry: JobResources = _jobs(2000, 30)
     notebook: JobResources = _jobs(2000, 15)

@@ -49,11 +49,11 @@ rule throughput:
         cfg=lambda w: analysis_config("throughput"),
     log:
         f"{RESULTS}/logs/analysis/throughput.log",
-    # The config's budget of the other timing benchmark (resources.complexity): the config
-    # has no entry of its own for this rule yet.
+    benchmark:
+        benchmark_file("throughput")
     resources:
-        mem_mb=resources_of("complexity").mem_mb,
-        runtime=resources_of("complexity").runtime,
+        mem_mb=resources_of("throughput").mem_mb,
+        runtime=resources_of("throughput").runtime,
     # One thread (analysis.throughput.threads, 1 by default): the table is tokens/s per core.
     # Whatever runs on the other cores loads every architecture alike, because the rounds
     # interleave them and the ratios to softmax are taken within a round.

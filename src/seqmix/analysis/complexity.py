@@ -11,9 +11,9 @@ on random inputs. Lengths are the configured ones in ascending order (powers of 
   a GPU's Triton kernels are opaque to the counters), under ``FakeTensorMode`` (no
   arithmetic: long lengths cost only Python per op) where ``count_tensors`` asks for it
   (``auto``: until the mixer's op count grows like a chunk loop, ``still_fake``) and the
-  mixer runs there, else on real CPU tensors after
-  one uncounted call (so that per-length caches, e.g. BigBird's block table, are built
-  first). Counts are exact and the same on every run; fake and real ones agree
+  mixer runs there (on a copy of the mixer, so that no fake tensor stays in its caches),
+  else on real CPU tensors; either way after one uncounted call (so that per-length caches,
+  e.g. BigBird's block table, are built first). Counts are exact and the same on every run; fake and real ones agree
   (tests/test_cost_count.py).
 - **Wall time** is taken on ``device`` after ``warmup`` calls, ``repeats`` times each;
   a mixer stops being timed once its fastest forward+backward takes longer than

@@ -35,6 +35,7 @@ only. Each is exact and the same on every run.
 
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 from collections.abc import Callable
@@ -217,11 +218,15 @@ def count_mixer(mixer: torch.nn.Module, seq_len: int, batch: int, fake: bool = T
     d = mixer.d_model
     state = {**dict(mixer.named_parameters()), **dict(mixer.named_buffers())}
     if fake:
+        # A copy runs fake: per-length caches it fills (e.g. sliding window's dense mask) hold
+        # fake tensors, which the caller's module, timed next on real ones, must not keep.
+        scratch = copy.deepcopy(mixer)
         try:
             with FakeTensorMode() as mode:
                 fake_state = {n: mode.from_tensor(t).requires_grad_(t.requires_grad) for n, t in state.items()}
                 x = torch.empty(batch, seq_len, d).normal_().requires_grad_()
-                counts = _count_both(mixer, fake_state, x, torch.empty(batch, seq_len, d).normal_())
+                _calls(scratch, fake_state, x, x)[0]()  # uncounted, as on real tensors below
+                counts = _count_both(scratch, fake_state, x, torch.empty(batch, seq_len, d).normal_())
             return {**counts, "count_mode": "fake"}
         except _fake_failures():
             pass
