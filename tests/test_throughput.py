@@ -53,5 +53,5 @@ def test_cli_writes_the_csv_from_the_config_section(tmp_path):
 def test_a_missing_gpu_is_named_before_any_work():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    with pytest.raises(RuntimeError, match="no GPU is visible"):
-        throughput.resolve_device("cuda")
+    with pytest.raises(RuntimeError, match="'analysis.throughput.device' is 'cuda' but no GPU is visible"):
+        throughput.resolve_device("cuda", "analysis.throughput.device")

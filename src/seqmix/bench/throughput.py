@@ -44,6 +44,7 @@ from seqmix import catalogue
 from seqmix.io import write_csv
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.sections import ThroughputSpec
+from seqmix.train.loop import resolve_device
 from seqmix.train.provenance import device_record
 
 FIELDS = ["arch", "device", "device_name", "threads", "d_model", "n_layers", "d_ff_mult", "vocab_size",
@@ -63,14 +64,6 @@ def causal_architectures(archs: list[str]) -> list[str]:
     causal = [m.name for m in catalogue.MIXERS if m.causal]
     chosen = set(archs) | {BASELINE}
     return [BASELINE] + [a for a in causal if a in chosen and a != BASELINE]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("analysis.throughput.device is cuda but no GPU is visible; use cpu or auto")
-    return torch.device(name)
 
 
 def training_step(arch: str, seq_len: int, spec: ThroughputSpec, options: dict,
@@ -138,7 +131,7 @@ def measure_rounds(archs: list[str], spec: ThroughputSpec, mixer_options: dict, 
 def throughput_rows(archs: list[str], spec: ThroughputSpec, mixer_options: dict,
                     progress: bool = True) -> list[dict]:
     """One row per (arch, L) as the module docstring describes."""
-    device = resolve_device(spec.device)
+    device = resolve_device(spec.device, "analysis.throughput.device")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:

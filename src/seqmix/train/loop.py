@@ -55,11 +55,13 @@ CHECKPOINT_KEYS = ("spec_hash", "model", "optimizer", "scheduler", "rng", "state
 FINAL_KEYS = ("spec_hash", "model", "state")
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, key: str = "train.device") -> torch.device:
+    """The torch device a config's ``auto | cpu | cuda`` names; ``key`` is named when the
+    GPU it asks for is missing."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("config key 'train.device' is 'cuda' but no GPU is visible; use 'auto' or 'cpu'")
+        raise RuntimeError(f"config key '{key}' is 'cuda' but no GPU is visible; use 'auto' or 'cpu'")
     return torch.device(name)
 
 
