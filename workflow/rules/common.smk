@@ -97,7 +97,7 @@ def task_resources(name):
 
 def benchmark_file(rule_name, *parts):
     # Snakemake's benchmark: wall time and peak memory (max_rss, MB) of every job.
-    return "/".join([RESULTS, "benchmarks", rule_name, *parts]) + ".tsv"
+    return str(Path(RESULTS, "benchmarks", rule_name, *parts)) + ".tsv"
 
 
 # -- notebooks ------------------------------------------------------------------------------
