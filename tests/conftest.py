@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,3 +113,22 @@ def prepared_mqar(tmp_path_factory) -> dict:
     raw = tiny_config(root, None)
     prepare_all(validate_config(raw))
     return raw
+
+
+class OutputSizes(TorchDispatchMode):
+    """Records the tensors every op produces while active: ``total`` elements written (a
+    deterministic measure of work that exposes a gradient zero-filled at full size on every
+    loop step) and the ``largest`` single tensor (to check 'no L x L tensor')."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.total += t.numel()
+                self.largest = max(self.largest, t.numel())
+        return out

@@ -13,7 +13,6 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from seqmix import mixers
 from seqmix.mixers import bigbird as bb
@@ -22,6 +21,8 @@ from seqmix.mixers import performer as perf
 from seqmix.mixers import sliding_window as sw
 from seqmix.models.blocks import Block
 from seqmix.models.lm import CausalLM, LMConfig
+
+from .conftest import OutputSizes
 
 F64 = torch.float64
 
@@ -42,21 +43,6 @@ def assert_same_fwd_bwd(fast, ref, inputs, atol_fwd=1e-12, atol_bwd=1e-10):
     for a, b in zip(g_fast, g_ref):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, atol=atol_bwd, rtol=0)
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any op produces (to check 'no L × L tensor')."""
-
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
 
 
 # ---------------------------------------------------------------------------------- linear
@@ -395,9 +381,9 @@ def test_fast_paths_build_no_quadratic_tensor(name, options):
     cls = mixers.mixer_class(name)
     m = mixers.build(name, 8, causal=cls.supports_causal, max_len=L, **options)
     x = torch.randn(1, L, 8, requires_grad=True)
-    with LargestTensor() as probe:
+    with OutputSizes() as probe:
         m(x).sum().backward()
-    assert probe.numel < L * L // 8, f"{name}: a tensor of {probe.numel} elements at L={L}"
+    assert probe.largest < L * L // 8, f"{name}: a tensor of {probe.largest} elements at L={L}"
 
 
 # ------------------------------------------------------------------------------- linformer

@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from seqmix import mixers
 from seqmix.mixers.gla import gla_chunk_hierarchical, gla_chunk_reference, gla_recurrent_reference
@@ -23,6 +22,8 @@ from seqmix.mixers.tssa import tssa_membership, tssa_reference
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.sections import TrainSpec
 from seqmix.train.loop import make_optimizer
+
+from .conftest import OutputSizes
 
 F64 = torch.float64
 
@@ -442,22 +443,6 @@ def test_flops_grow_linearly(arch):
 # ------------------------------------------------- chunk loops: backward work linear in L
 
 
-class ElementsWritten(TorchDispatchMode):
-    """Counts the elements every op writes (its outputs' numel): a deterministic measure
-    of work that exposes a gradient zero-filled at full size on every loop step."""
-
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.numel += t.numel()
-        return out
-
-
 def _gla_case(fn):
     def run(L):
         q, k, v, log_alpha = gla_inputs(1, 2, L, 4, 4, "fla", dtype=torch.float32)
@@ -491,7 +476,7 @@ def test_chunk_loop_backward_work_grows_linearly(case):
     work = []
     for L in (256, 1024):
         out, inputs = case(L)
-        with ElementsWritten() as probe:
+        with OutputSizes() as probe:
             torch.autograd.grad(out.sum(), inputs)
-        work.append(probe.numel)
+        work.append(probe.total)
     assert work[1] < 4.5 * work[0], f"backward work grew {work[1] / work[0]:.1f}x for 4x the length"
