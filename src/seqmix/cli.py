@@ -362,8 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; a known failure (bad config or spec, bad data, a file that cannot be
     read or written, a run directory in use) prints one line naming the cause and the fix."""
     args = build_parser().parse_args(argv)
+    from seqmix.allocator import keep_freed_memory
     from seqmix.data.manifest import DataError
     from seqmix.io import FileError, write_failure
+
+    keep_freed_memory()  # every step's large tensors reuse memory instead of page-faulting
 
     try:
         return args.func(args)
