@@ -20,10 +20,11 @@ from seqmix.mixers import performer as performer_module
 D = 32
 LENGTHS = (128, 256, 512)
 # Chunks, windows and blocks well below L, so that the loops run many steps and a cost
-# of the whole sequence per step (O(L²/C)) shows at these lengths.
+# of the whole sequence per step (O(L²/C)) shows at these lengths. (Mamba's scan runs
+# 2n − 1 chunk passes for n chunks: linear, but only close to ×2 per doubling once n is large.)
 SMALL_SCALE = {"linear": {"chunk_size": 8}, "performer": {"chunk_size": 8, "feature_seed": 0},
                "gla": {"chunk_size": 8}, "bigbird": {"seed": 0, "block_size": 4}, "grassmann": {"rank": 8},
-               "sliding_window": {"window": 4}}
+               "sliding_window": {"window": 4}, "mamba": {"chunk_size": 8}}
 # BigBird's and the sliding window's fused dense path serves L up to 4x the keys a query
 # reads; these scales keep every length here (64 and up) above it, on the gathered path
 # whose growth is checked. (On the dense path, SDPA with a boolean mask, fake tensors count
