@@ -60,8 +60,8 @@ class MambaOptions:
     conv_bias: bool = True
     bias: bool = False  # in_proj / out_proj bias
     # C of the chunked scan: 2C (+ L/C²) Python steps per pass, C when L ≤ C (one chunk, no
-    # carry). 64 covers the CPU profile's L 64 in one chunk: 13 % less CPU time per Mamba
-    # layer there than C 16, 7 % more at L 1024 (d 64, 4,096 tokens, one thread, this CPU).
+    # carry). 64 covers the CPU profile's L 64 in one chunk: 12 % less CPU time per Mamba
+    # layer (fwd+bwd) there than C 16, 4 % more at L 1024 (d 64, 4,096 tokens, one thread).
     chunk_size: int = 64
 
     def __post_init__(self):
@@ -115,7 +115,7 @@ def selective_scan_chunked(
     B: torch.Tensor,
     C: torch.Tensor,
     D: torch.Tensor | None,
-    chunk_size: int = 64,
+    chunk_size: int = MambaOptions.chunk_size,
 ) -> torch.Tensor:
     """``selective_scan_reference`` by the fused chunked scan; same arguments and result."""
     out_dtype = u.dtype
