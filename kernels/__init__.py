@@ -9,6 +9,10 @@ CPU-only users can ``import seqmix`` without it. Each kernel is a ``torch.autogr
 - ``seqmix.kernels.gla.chunk_gla``             = ``mixers.gla.gla_recurrent_reference``
 - ``seqmix.kernels.tssa.tssa``                 = ``mixers.tssa.tssa_reference``
 
+Beside them, for CPU tensors and without triton: ``seqmix.kernels.selective_scan_cpu``, Mamba's
+selective scan as one C++ loop (compiled at first use by ``torch.utils.cpp_extension``) =
+``mixers.mamba.selective_scan_reference``.
+
 Mixers call them for CUDA tensors (``mixers.base.use_kernel``); ``SEQMIX_REFERENCE_MIXERS=1``
 or the config's ``train.reference_mixers`` forces the references. On the CPU the kernels run
 under ``TRITON_INTERPRET=1`` (set before the submodules are imported): slow, exact, and what

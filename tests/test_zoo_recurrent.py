@@ -9,6 +9,7 @@ Shapes are awkward on purpose: L = 1, L not a multiple of the chunk, batch and h
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -16,7 +17,11 @@ import torch
 from seqmix import mixers
 from seqmix.mixers.gla import gla_chunk_hierarchical, gla_chunk_reference, gla_recurrent_reference
 from seqmix.mixers.h3 import causal_conv_reference, causal_fft_conv, s4d_kernel
-from seqmix.mixers.mamba import selective_scan_chunked, selective_scan_reference
+from seqmix.mixers.mamba import (
+    selective_scan_chunked,
+    selective_scan_fused,
+    selective_scan_reference,
+)
 from seqmix.mixers.scan import linear_scan, linear_scan_reference
 from seqmix.mixers.tssa import tssa_membership, tssa_reference
 from seqmix.models.lm import CausalLM, LMConfig
@@ -208,6 +213,74 @@ def test_selective_scan_chunked_fp32_and_without_D():
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     given = inputs[:-1]  # the hand-written backward, in fp32 too
     assert_all_close(grads(out, given), grads(ref, given), atol=1e-3, rtol=1e-3)
+
+
+# Set by CI (.ci/run): there a fused CPU scan that cannot be built is a failure, not a skip.
+REQUIRE_CPU_EXTENSION_ENV = "SEQMIX_REQUIRE_CPU_EXTENSION"
+
+
+@pytest.fixture(scope="module")
+def fused_scan():
+    """The fused C++ scan; skips where it cannot be built (no g++), fails so in CI."""
+    from seqmix.kernels import selective_scan_cpu
+
+    if not selective_scan_cpu.available():
+        msg = "the fused CPU selective scan could not be built here (a C++ compiler is needed)"
+        if os.environ.get(REQUIRE_CPU_EXTENSION_ENV) == "1":
+            pytest.fail(f"{msg} ({REQUIRE_CPU_EXTENSION_ENV}=1)", pytrace=False)
+        pytest.skip(msg)
+    return selective_scan_fused
+
+
+@pytest.mark.parametrize("strong", [False, True])
+@pytest.mark.parametrize(
+    "Bt,D,N,L",
+    [
+        (1, 2, 3, 1),  # one token
+        (2, 3, 4, 13),  # inside one backward block (16)
+        (2, 3, 4, 17),  # two blocks, the second one token long
+        (2, 5, 4, 150),  # many blocks, partial tail; D not a multiple of the vector width
+        (3, 4, 2, 16),  # exactly one block
+        (2, 128, 16, 70),  # the CPU profile's width (D 128, N 16): vectorised loops
+    ],
+)
+def test_selective_scan_fused_equals_reference(fused_scan, Bt, D, N, L, strong):
+    inputs = scan_inputs(Bt, D, N, L, strong=strong)
+    ref = selective_scan_reference(*inputs)
+    out = fused_scan(*inputs)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
+    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-10)
+
+
+def test_selective_scan_fused_fp32_and_without_D(fused_scan):
+    inputs = scan_inputs(2, 4, 16, 200, dtype=torch.float32, strong=True)
+    inputs[-1] = None
+    ref = selective_scan_reference(*inputs)
+    out = fused_scan(*inputs)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    given = inputs[:-1]
+    assert_all_close(grads(out, given), grads(ref, given), atol=1e-3, rtol=1e-3)
+
+
+def test_mamba_layer_takes_the_fused_scan_on_cpu_and_matches_the_eager_one(fused_scan):
+    from seqmix.mixers import base
+
+    torch.manual_seed(0)
+    layer = mixers.build("mamba", 16).double()
+    u = torch.randn(2, 21, 16, dtype=F64, requires_grad=True)
+    params = [u, *layer.parameters()]
+    was_forced = base.reference_forced()
+    try:
+        base.force_reference(False)
+        with torch.profiler.profile() as prof:
+            fast = layer(u)
+        base.force_reference(True)
+        eager = layer(u)
+    finally:
+        base.force_reference(was_forced)
+    assert any("selective_scan_cpu" in e.name for e in prof.events())
+    torch.testing.assert_close(fast, eager, atol=1e-10, rtol=0)
+    assert_all_close(grads(fast, params), grads(eager, params), atol=1e-10)
 
 
 def test_linear_scan_custom_backward_gradcheck():

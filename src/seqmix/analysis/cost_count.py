@@ -6,7 +6,9 @@ call runs one), so the counts are of the code that actually runs, not of a formu
 - **FLOPs**: ``torch.utils.flop_counter.FlopCounterMode``. It counts only ops with a
   registered formula (matmul-class, SDPA, convolution); added here are the CPU flash
   attention kernel PyTorch picks for SDPA on a CPU (``_scaled_dot_product_flash_attention_for_cpu``
-  and its backward, with the formulas PyTorch registers for the GPU kernels) and FFTs
+  and its backward, with the formulas PyTorch registers for the GPU kernels), Mamba's fused
+  CPU scan (2 FLOPs per token, channel and state for each of its contractions: one forward,
+  three backward, as the eager scan's matmuls count) and FFTs
   (5 n log2 n per complex transform of n points, half that for a real one: the count
   FFTW's benchFFT reports speeds against, https://www.fftw.org/speed/method.html). Work
   that is elementwise (scans, masks, gates) is invisible to it.
@@ -43,6 +45,8 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from seqmix.kernels import selective_scan_cpu
 
 aten = torch.ops.aten
 
@@ -83,12 +87,23 @@ def _sdpa_cpu_backward_flop(grad_out, q, k, v, *args, out_shape=None, **kw) -> i
     return sdpa_backward_flop_count(grad_out, q, k, v)
 
 
+def _selective_scan_fwd_flop(x, delta, At, B, C, block, out_shape=None, **kw) -> int:
+    return selective_scan_cpu.scan_flops(x, At[0])  # y = C · h
+
+
+def _selective_scan_bwd_flop(gy, x, delta, At, B, C, checkpoints, block, out_shape=None, **kw) -> int:
+    return 3 * selective_scan_cpu.scan_flops(x, At[0])  # ∂x = B · λ, ∂B = λ x, ∂C = h gy
+
+
 EXTRA_FLOP_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flop,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward_flop,
     aten._fft_r2c: _r2c_flop,
     aten._fft_c2r: _c2r_flop,
     aten._fft_c2c: _c2c_flop,
+    # Mamba's fused CPU scan: its contractions, counted as the eager scan's matmuls are.
+    torch.ops.seqmix.selective_scan_cpu_fwd: _selective_scan_fwd_flop,
+    torch.ops.seqmix.selective_scan_cpu_bwd: _selective_scan_bwd_flop,
 }
 
 

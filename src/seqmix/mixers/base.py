@@ -121,7 +121,7 @@ def linear_flops(tokens: int, d_in: int, d_out: int) -> float:
 
 
 # Kernel dispatch. Mixers with a Triton kernel in seqmix.kernels use it for CUDA tensors
-# unless the reference is forced (config `train.reference_mixers`, or
+# (Mamba's fused C++ scan for CPU tensors) unless the reference is forced (config `train.reference_mixers`, or
 # SEQMIX_REFERENCE_MIXERS=1), so that every fast path can be checked against its spec.
 _FORCE_REFERENCE = os.environ.get("SEQMIX_REFERENCE_MIXERS", "0") == "1"
 
@@ -129,6 +129,11 @@ _FORCE_REFERENCE = os.environ.get("SEQMIX_REFERENCE_MIXERS", "0") == "1"
 def force_reference(flag: bool = True) -> None:
     global _FORCE_REFERENCE
     _FORCE_REFERENCE = flag
+
+
+def reference_forced() -> bool:
+    """True when config or environment asks for the plain PyTorch mixers everywhere."""
+    return _FORCE_REFERENCE
 
 
 def use_kernel(x: torch.Tensor) -> bool:
