@@ -21,7 +21,7 @@ SNAKEMAKE := snakemake --profile workflow/profiles/default --cores $(CORES) --re
 .PHONY: install latex report paper paper-smoke plan test test-all lint clean help
 
 help:
-	@echo "make report       build paper/report.pdf and report.html with the quick profile (2-core CPU: ~54 min, README)"
+	@echo "make report       build paper/report.pdf and report.html with the quick profile (2-core CPU: ~50 min, README)"
 	@echo "make paper        build it with config/paper.yaml (GPU)"
 	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU, see README)"
 	@echo "make plan         what config/paper.yaml costs (runs, tokens, FLOPs, memory, H100 hours) -> README"
