@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import torch
@@ -23,6 +24,14 @@ if not torch.cuda.is_available():
 REQUIRE_MIRROR_ENV = "SEQMIX_REQUIRE_MIRROR"
 
 
+def skip_or_fail(msg: str, require_env: str, what: str) -> NoReturn:
+    """Skip with ``msg`` on a developer's machine; fail where ``$require_env`` is 1 (CI sets
+    it), where skipping would leave CI green without having tested ``what``."""
+    if os.environ.get(require_env) == "1":
+        pytest.fail(f"{msg} ({require_env}=1: this run must test {what})", pytrace=False)
+    pytest.skip(msg)
+
+
 def mirror_path() -> Path | None:
     """$SEQMIX_DATA_MIRROR when set (and only it: an explicit choice is never overridden),
     else ../shared/data beside the repository, as the Makefile does; None without one."""
@@ -39,10 +48,8 @@ def mirror() -> Path:
     path = mirror_path()
     if path is None:
         where = os.environ.get("SEQMIX_DATA_MIRROR") or REPO.parent / "shared" / "data"
-        msg = f"no data mirror at {where}: set SEQMIX_DATA_MIRROR to a copy of shared/data"
-        if os.environ.get(REQUIRE_MIRROR_ENV) == "1":
-            pytest.fail(f"{msg} ({REQUIRE_MIRROR_ENV}=1: this run must test the data layer)", pytrace=False)
-        pytest.skip(msg)
+        skip_or_fail(f"no data mirror at {where}: set SEQMIX_DATA_MIRROR to a copy of shared/data",
+                     REQUIRE_MIRROR_ENV, "the data layer")
     return path
 
 

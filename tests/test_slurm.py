@@ -28,7 +28,7 @@ import pytest
 import torch
 import yaml
 
-from .conftest import REPO, tiny_config
+from .conftest import REPO, skip_or_fail, tiny_config
 from .test_dag import copy_workflow
 
 pytestmark = pytest.mark.slurm
@@ -49,10 +49,7 @@ def slurm(tmp_path_factory) -> dict:
     up = subprocess.run(["bash", str(CLUSTER / "slurm-up.sh")], capture_output=True, text=True)
     if up.returncode == 2:
         lock.close()
-        msg = f"no SLURM cluster: {up.stderr.strip()}"
-        if os.environ.get(REQUIRE_SLURM_ENV) == "1":
-            pytest.fail(f"{msg} ({REQUIRE_SLURM_ENV}=1: this run must test the cluster path)", pytrace=False)
-        pytest.skip(msg)
+        skip_or_fail(f"no SLURM cluster: {up.stderr.strip()}", REQUIRE_SLURM_ENV, "the cluster path")
     if up.returncode != 0:
         lock.close()
         pytest.fail(f"tests/cluster/slurm-up.sh failed:\n{up.stderr[-4000:]}", pytrace=False)

@@ -9,7 +9,6 @@ Shapes are awkward on purpose: L = 1, L not a multiple of the chunk, batch and h
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -28,7 +27,7 @@ from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.sections import TrainSpec
 from seqmix.train.loop import make_optimizer
 
-from .conftest import OutputSizes
+from .conftest import OutputSizes, skip_or_fail
 
 F64 = torch.float64
 
@@ -225,10 +224,8 @@ def fused_scan():
     from seqmix.kernels import selective_scan_cpu
 
     if not selective_scan_cpu.available():
-        msg = "the fused CPU selective scan could not be built here (a C++ compiler is needed)"
-        if os.environ.get(REQUIRE_CPU_EXTENSION_ENV) == "1":
-            pytest.fail(f"{msg} ({REQUIRE_CPU_EXTENSION_ENV}=1)", pytrace=False)
-        pytest.skip(msg)
+        skip_or_fail("the fused CPU selective scan could not be built here (a C++ compiler is needed)",
+                     REQUIRE_CPU_EXTENSION_ENV, "Mamba's fused CPU scan")
     return selective_scan_fused
 
 
