@@ -32,6 +32,7 @@ import pytest
 import torch
 import yaml
 
+from seqmix import io as seqmix_io
 from seqmix.cli import main as cli
 from seqmix.config import ConfigError, validate_config
 from seqmix.data.manifest import DataError, read_manifest, write_manifest
@@ -488,6 +489,33 @@ def test_a_full_tmpfs_names_the_file_and_says_disk_full(study, tmp_path):
     assert f"error: cannot write {run_dir / loop.CHECKPOINT}: disk full (no space left on device)" in proc.stderr
     assert "inline_container" not in proc.stderr
     assert proc.stdout.split() == [], f"temporary files left on the full disk: {proc.stdout.split()}"
+
+
+# ------------------------------------------------------------------------------------------
+# Results are written with the mode the user's umask gives any file (not mkstemp's 0600).
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_results_have_the_mode_the_umask_gives(study, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        spec = spec_of(study, tmp_path / "results")
+        loop.train(spec, progress=False)
+        evaluate_run(Path(spec.run_dir), device="cpu")
+        cfg = mqar_config(tmp_path)
+        job = data_job(validate_config(cfg), "mqar")
+        task_class(job.kind).prepare(job)
+        with seqmix_io.exclusive_lock(tmp_path / "data" / "mqar" / ".prepare.lock", "data"):
+            pass
+        seqmix_io.write_csv(tmp_path / "results" / "summary" / "runs.csv", [{"a": 1}], ["a"])
+    finally:
+        os.umask(old)
+    modes = {str(p.relative_to(tmp_path)): (p.stat().st_mode & 0o777, p.is_dir()) for p in tmp_path.rglob("*")}
+    wrong = {p: oct(m) for p, (m, is_dir) in modes.items() if m != (0o777 if is_dir else 0o666) & ~umask}
+    assert wrong == {}, f"under umask {umask:03o}: {wrong}"
+    assert {"model.pt", "metrics.json", "eval.json", "runs.csv", "manifest.json", "train.npz", "train.lock"} <= {
+        Path(p).name for p in modes}
 
 
 def read_only(directory: Path, cmd: list[str]) -> subprocess.CompletedProcess:

@@ -11,7 +11,11 @@ that holds the directory's lock removes it (:func:`remove_stale_temps`).
 A write that fails because the disk is full, the file system is read-only or the
 directory is not writable raises :class:`FileError` naming the file, the cause and the
 fix, instead of the writer's own message (torch's is "enforce fail at
-inline_container.cc"). :func:`exclusive_lock` makes a directory one process's at a time.
+inline_container.cc").
+
+The temporary file is created as ``open`` creates any file, mode 0666 less the umask
+(``tempfile.mkstemp`` makes it 0600: results nobody else could read on a shared file
+system). :func:`exclusive_lock` makes a directory one process's at a time.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ import errno
 import fcntl
 import json
 import os
+import secrets
 import socket
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +66,19 @@ def write_failure(exc: OSError, path: str | os.PathLike | None = None) -> FileEr
     return FileError(f"cannot write {where}: {why}; {fix}")
 
 
+def new_temp(path: Path) -> Path:
+    """A new empty file ``.<name>.<random>.tmp`` beside ``path``, created as ``open`` creates
+    any file: mode 0666 less the umask (mkstemp's 0600 would hide results from colleagues)."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", str(path))
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path to write; on success it replaces ``path`` atomically."""
@@ -69,9 +86,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        tmp = Path(tmp_name)
+        tmp = new_temp(path)
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
