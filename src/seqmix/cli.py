@@ -379,8 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     except FileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 4
-    except OSError as e:
-        clear = write_failure(e)  # a write outside seqmix.io (numpy, tokenizers, mkdir)
+    except Exception as e:
+        # A write outside seqmix.io's writers (mkdir, a library's own file), its errno also
+        # where torch or pandas wrapped it in another exception.
+        clear = write_failure(e)
         if clear is None:
             raise
         print(f"error: {clear}", file=sys.stderr)

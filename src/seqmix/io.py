@@ -11,7 +11,14 @@ that holds the directory's lock removes it (:func:`remove_stale_temps`).
 A write that fails because the disk is full, the file system is read-only or the
 directory is not writable raises :class:`FileError` naming the file, the cause and the
 fix, instead of the writer's own message (torch's is "enforce fail at
-inline_container.cc"). :func:`exclusive_lock` makes a directory one process's at a time.
+inline_container.cc"): the cause is looked for in the exception and in those it chains,
+since torch reports ENOSPC as a RuntimeError ("enforce fail at inline_container.cc ...
+unexpected pos") whose ``__context__`` is the OSError, or with no errno at all (then the
+space left on the file system decides). The message says how much space is left.
+
+The temporary file is created as ``open`` creates any file, mode 0666 less the umask
+(``tempfile.mkstemp`` makes it 0600: results nobody else could read on a shared file
+system). :func:`exclusive_lock` makes a directory one process's at a time.
 """
 
 from __future__ import annotations
@@ -22,11 +29,12 @@ import errno
 import fcntl
 import json
 import os
+import re
+import secrets
 import socket
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 TEMP_GLOB = ".*.tmp"  # what atomic_path's temporary files look like
 
@@ -52,37 +60,142 @@ class Locked(FileError):
     """Another process holds the directory's lock."""
 
 
-def write_failure(exc: OSError, path: str | os.PathLike | None = None) -> FileError | None:
-    """The clear error for an OSError of a write (disk full, read-only, no permission), or
-    None when the error is of another kind."""
-    if exc.errno not in WRITE_FAILURES:
+# A writer's failure that carries no errno (torch's C++ zip writer writing to a path) is a
+# full disk when the file system had less than this left at the moment it failed.
+LOW_SPACE = 1 << 20
+WRITER_FAILED = re.compile(r"inline_container|PytorchStreamWriter|file write failed")
+ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\]|\(os error (\d+)\)")  # Python's and Rust's (tokenizers)
+
+
+def chained(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception it chains (``__cause__``, ``__context__``), once each."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            todo += [e.__cause__, e.__context__]
+            yield e
+
+
+def failed_errno(exc: BaseException) -> tuple[int, str | None] | None:
+    """The errno of a failed write (a key of WRITE_FAILURES) in ``exc`` or its chain, and the
+    file name its OSError carries; None when there is none."""
+    for e in chained(exc):
+        if isinstance(e, OSError) and e.errno in WRITE_FAILURES:
+            return e.errno, e.filename
+        for match in ERRNO_IN_TEXT.finditer(str(e)):
+            if (number := int(match.group(1) or match.group(2))) in WRITE_FAILURES:
+                return number, None
+    return None
+
+
+def _statvfs(path: str | os.PathLike) -> tuple[os.statvfs_result, Path] | None:
+    """statvfs of the file system that holds ``path`` (or its nearest existing parent), and
+    that file system's mount point."""
+    here = Path(os.path.abspath(path))
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    try:
+        st = os.statvfs(here)
+    except OSError:
         return None
-    why, fix = WRITE_FAILURES[exc.errno]
-    where = path if path is not None else (exc.filename or "a file")
-    return FileError(f"cannot write {where}: {why}; {fix}")
+    while not os.path.ismount(here) and here != here.parent:
+        here = here.parent
+    return st, here
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged user may still write on the file system that holds ``path``."""
+    found = _statvfs(path)
+    return None if found is None else found[0].f_bavail * found[0].f_frsize
+
+
+def human(n: float) -> str:
+    """A byte count as people read it: 512 bytes, 12.0 KiB, 3.5 GiB."""
+    if n < 1024:
+        return f"{n:.0f} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def space_left(path: str | os.PathLike) -> str:
+    """'12.0 KiB free on /mnt (of 8.0 MiB)': what the file system holding ``path`` has left."""
+    found = _statvfs(path)
+    if found is None:
+        return "free space unknown"
+    st, mount = found
+    return f"{human(st.f_bavail * st.f_frsize)} free on {mount} (of {human(st.f_blocks * st.f_frsize)})"
+
+
+def write_failure(exc: BaseException, path: str | os.PathLike | None = None,
+                  free_at_failure: int | None = None, written: int | None = None) -> FileError | None:
+    """The clear error for a failed write of ``path`` (disk full or over quota, read-only,
+    no permission), found in ``exc`` or the exceptions it chains; None when it failed for
+    another reason. A writer's failure without an errno (torch's zip writer) is a full disk
+    when the file system had under LOW_SPACE left when it failed (``free_at_failure``,
+    measured before the partial file was removed); ``written``: bytes of the partial file."""
+    found = failed_errno(exc)
+    if found is None and free_at_failure is not None and free_at_failure < LOW_SPACE and any(
+            WRITER_FAILED.search(str(e)) for e in chained(exc)):
+        found = errno.ENOSPC, None
+    if found is None:
+        return None
+    number, filename = found
+    where = path if path is not None else filename
+    why, fix = WRITE_FAILURES[number]
+    if number == errno.ENOSPC and where is not None:  # how much it needed, and how much is left
+        why += (f": it stopped after {human(written)} of this file; " if written else ": ") + space_left(where)
+    return FileError(f"cannot write {where or 'a file'}: {why}; {fix}")
+
+
+def new_temp(path: Path) -> Path:
+    """A new empty file ``.<name>.<random>.tmp`` beside ``path``, created as ``open`` creates
+    any file: mode 0666 less the umask (mkstemp's 0600 would hide results from colleagues)."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", str(path))
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path to write; on success it replaces ``path`` atomically."""
+    """Yield a temporary path to write; on success it replaces ``path`` atomically. On any
+    failure the temporary file is removed; a failed write raises FileError naming ``path``."""
     path = Path(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        tmp = Path(tmp_name)
+        tmp = new_temp(path)
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
+        free, written = free_bytes(path.parent), None  # measured before the partial file goes
         if tmp is not None:
+            with contextlib.suppress(OSError):
+                written = tmp.stat().st_size
             tmp.unlink(missing_ok=True)
-        clear = write_failure(exc, path) if isinstance(exc, OSError) else None
+        clear = write_failure(exc, path, free, written) if isinstance(exc, Exception) else None
         if clear is not None:
             raise clear from exc
         raise
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+    """:func:`atomic_path`, opened: for writers that take a file object (torch.save; numpy's
+    save and savez, which append their suffix to a path that lacks it)."""
+    with atomic_path(path) as tmp, open(tmp, mode) as f:
+        yield f
 
 
 def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
@@ -104,7 +217,7 @@ def exclusive_lock(lock_file: str | os.PathLike, what: str) -> Iterator[None]:
     lock_file = Path(lock_file)
     try:
         lock_file.parent.mkdir(parents=True, exist_ok=True)
-        f = open(lock_file, "a+")
+        f = open(lock_file, "a+b", buffering=0)  # unbuffered: a failed write is not retried at close
     except OSError as exc:
         raise (write_failure(exc, lock_file) or exc) from exc
     try:
@@ -112,13 +225,15 @@ def exclusive_lock(lock_file: str | os.PathLike, what: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            holder = f.read().strip() or "another process"
+            holder = f.read().decode(errors="replace").strip() or "another process"
             raise Locked(f"{what} is in use by {holder} (lock {lock_file}); wait for it to finish, "
                          "or stop that process and rerun") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"process {os.getpid()} on {socket.gethostname()}\n")
-        f.flush()
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"process {os.getpid()} on {socket.gethostname()}\n".encode())
+        except OSError as exc:  # a full disk has no room for the holder's name
+            raise (write_failure(exc, lock_file) or exc) from exc
         yield
     finally:
         f.close()  # closing the file releases the lock

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from seqmix.data.manifest import write_manifest
+from seqmix.io import atomic_file
 
 SPLITS = {"train": 0, "validation": 1, "test": 2}  # split -> offset added to the data seed
 
@@ -73,7 +74,8 @@ def prepare_mqar(vocab_size: int, seq_len: int, num_kv_pairs: int, num_train: in
         n = num_train if split == "train" else num_test
         inputs, labels = multiquery_ar(vocab_size, n, seq_len, num_kv_pairs, power_a, random_non_queries,
                                        seed=data_seed + offset)
-        np.savez(out_dir / f"{split}.npz", inputs=inputs, labels=labels)
+        with atomic_file(out_dir / f"{split}.npz") as f:  # a failed write leaves no half file
+            np.savez(f, inputs=inputs, labels=labels)
         files[f"{split}.npz"] = {"examples": n}
         splits[split] = {
             "description": f"synthetic MQAR, {n:,} examples, seed {data_seed + offset}",

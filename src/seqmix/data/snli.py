@@ -11,6 +11,7 @@ import numpy as np
 from seqmix.data.manifest import write_manifest
 from seqmix.data.sources import RAW_FILES, SNLI_LABELS, load_snli, resolve_source
 from seqmix.data.tokenizer import load_tokenizer, tokenizer_record
+from seqmix.io import atomic_file
 from seqmix.sections import DataSpec
 
 SPLITS = ("train", "validation", "test")
@@ -38,8 +39,9 @@ def prepare_snli(data: DataSpec, train_file: str, max_sentence_tokens: int, out_
         p_ids, p_off = _encode(tok, rows["premise"], max_sentence_tokens)
         h_ids, h_off = _encode(tok, rows["hypothesis"], max_sentence_tokens)
         labels = np.asarray(rows["label"], dtype=np.int64)
-        np.savez(out_dir / f"{split}.npz", premise=p_ids, premise_offsets=p_off,
-                 hypothesis=h_ids, hypothesis_offsets=h_off, labels=labels)
+        with atomic_file(out_dir / f"{split}.npz") as f:  # a failed write leaves no half file
+            np.savez(f, premise=p_ids, premise_offsets=p_off, hypothesis=h_ids, hypothesis_offsets=h_off,
+                     labels=labels)
         raw = RAW_FILES[("snli", train_file if split == "train" else split)]
         files[f"{split}.npz"] = {"examples": int(labels.size)}
         splits[split] = {

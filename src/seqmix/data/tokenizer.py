@@ -12,6 +12,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from seqmix.data.manifest import DataError, read_manifest, sha256_file, write_manifest
 from seqmix.data.sources import Source, load_wikitext2, resolve_source
+from seqmix.io import atomic_path
 from seqmix.spec import TokenizerJob
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -77,7 +78,8 @@ def prepare_tokenizer(job: TokenizerJob) -> dict:
             f"WordPiece, vocabulary {tok.get_vocab_size():,}, trained with HF tokenizers on the "
             f"WikiText-2 {split} split (bert-base-uncased was not reachable)"
         )
-    tok.save(str(out_dir / TOKENIZER_FILE))
+    with atomic_path(out_dir / TOKENIZER_FILE) as tmp:  # a failed write leaves no half file
+        tok.save(str(tmp))
     info = {
         "task": "tokenizer",
         "kind": kind,

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from seqmix.data.manifest import write_manifest
 from seqmix.data.sources import RAW_FILES, WIKITEXT_SPLITS, load_wikitext2, resolve_source
 from seqmix.data.tokenizer import load_tokenizer, tokenizer_record
+from seqmix.io import atomic_file
 from seqmix.sections import DataSpec
 
 
@@ -32,7 +33,8 @@ def prepare_wikitext2(data: DataSpec, out_dir: str | Path, tokenizer_dir: str | 
             for enc in tok.encode_batch(lines[i : i + batch], add_special_tokens=False):
                 ids.extend(enc.ids)
         arr = np.asarray(ids, dtype=np.int32)
-        np.save(out_dir / f"{split}.npy", arr)
+        with atomic_file(out_dir / f"{split}.npy") as f:  # a failed write leaves no half file
+            np.save(f, arr)
         files[f"{split}.npy"] = {"tokens": int(arr.size)}
         raw = RAW_FILES[("wikitext2", split)]
         splits[split] = {"description": raw.description, "complete": raw.complete,

@@ -2,9 +2,11 @@
 file, a failed write removes its temporary file) and read back with ``weights_only=True``
 (no arbitrary code runs on load).
 
-torch.save writes through a Python file object here, so that a full disk surfaces as
-``OSError(ENOSPC)`` (which seqmix.io turns into a message naming the file and "disk
-full") rather than torch's "enforce fail at inline_container.cc". A file that cannot be
+torch.save writes through a Python file object here, so that a full disk raises
+``OSError(ENOSPC)``, or torch's RuntimeError "enforce fail at inline_container.cc ...
+unexpected pos" chained to it when the error meets torch's zip writer mid-record; either
+way seqmix.io removes the partial file and raises one FileError naming the file, "disk
+full" and the space left. A file that cannot be
 read back (truncated, corrupted, not a checkpoint) raises :class:`CorruptCheckpoint`
 naming it. torch.load does not check the archive's CRC-32s (a flipped byte in a tensor
 loads as a wrong weight), so every member is checked against its CRC-32 first.
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-from seqmix.io import FileError, atomic_path
+from seqmix.io import FileError, atomic_file
 
 
 class CorruptCheckpoint(FileError):
@@ -27,9 +29,8 @@ class CorruptCheckpoint(FileError):
 
 
 def save_atomic(obj: Any, path: str | Path) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
+    with atomic_file(path) as f:
+        torch.save(obj, f)
 
 
 def load(path: str | Path, map_location="cpu", keys: tuple[str, ...] = ()) -> Any:
