@@ -5,7 +5,10 @@ interpreter)."""
 
 from __future__ import annotations
 
+import copy
+import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,3 +127,37 @@ def test_a_kernel_whose_backward_fails_falls_back_before_the_graph_is_built():
     assert torch.equal(grad, torch.full_like(x, 2.0))
     assert len(fallbacks(caught)) == 1
     assert process.taken() == {"op": "triton; reference (fallback: triton failed: RuntimeError: PassManager::run failed)"}
+
+
+# ------------------------------------------------------------------------------------------
+# Provenance of a training run (the implementation setting and the paths taken)
+# ------------------------------------------------------------------------------------------
+
+
+def mamba_run(prepared_mqar: dict, root: Path, reference_mixers: bool):
+    from seqmix.config import validate_config
+    from seqmix.study import run_spec
+
+    cfg = copy.deepcopy(prepared_mqar)
+    cfg["results_dir"], cfg["architectures"] = str(root), ["mamba"]
+    cfg["tasks"]["mqar"]["train"].update(steps=2, eval_every=2, checkpoint_every=2, reference_mixers=reference_mixers)
+    return run_spec(validate_config(cfg), "mqar", "mamba", 0)
+
+
+def test_provenance_records_the_setting_and_the_paths_a_run_took(prepared_mqar, tmp_path, monkeypatch):
+    from seqmix.kernels import selective_scan_cpu
+
+    from seqmix.cli import main
+
+    fused = "fused_cpu" if selective_scan_cpu.available() else "reference (fused_cpu not available here)"
+    expected = [("auto", False, {}, fused), ("reference", True, {}, "reference"),
+                ("reference", False, {"SEQMIX_REFERENCE_MIXERS": "1"}, "reference")]
+    for i, (setting, reference_mixers, env, path) in enumerate(expected):
+        spec = mamba_run(prepared_mqar, tmp_path / str(i), reference_mixers)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        with dispatch.isolated():  # main() sets the process's setting from the environment
+            assert main(["train", "--spec", spec.model_dump_json(), "--quiet"]) == 0
+        prov = json.loads((Path(spec.run_dir) / "provenance.json").read_text())["implementation"]
+        assert prov["setting"] == setting and prov["paths"] == {"mamba": path}, (i, prov)
+        assert "triton" in prov

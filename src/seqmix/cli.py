@@ -10,10 +10,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from seqmix.config import DEFAULT_CONFIG, ConfigError, load_config
+
+REFERENCE_ENV = "SEQMIX_REFERENCE_MIXERS"  # 1: plain PyTorch mixers everywhere (dispatch setting "reference")
+INTERPRET_ENV = "TRITON_INTERPRET"  # set to 1 by `bench kernels` on a machine without a GPU
+
+
+def read_environment(args) -> None:
+    """Turn the environment into settings, once, before the command runs."""
+    from seqmix.allocator import keep_freed_memory
+    from seqmix.mixers import dispatch
+
+    keep_freed_memory()  # every step's large tensors reuse memory instead of page-faulting
+    dispatch.configure("reference" if os.environ.get(REFERENCE_ENV) == "1" else "auto")
+    if args.command == "bench" and args.what == "kernels":
+        import torch
+
+        # Triton chooses interpreter or compiler when it decorates a kernel, i.e. when a kernel
+        # module is imported: decided here, before any is.
+        if not torch.cuda.is_available():
+            os.environ[INTERPRET_ENV] = "1"
 
 
 def parse_spec(model, text: str):
@@ -362,11 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; a known failure (bad config or spec, bad data, a file that cannot be
     read or written, a run directory in use) prints one line naming the cause and the fix."""
     args = build_parser().parse_args(argv)
-    from seqmix.allocator import keep_freed_memory
     from seqmix.data.manifest import DataError
     from seqmix.io import FileError, write_failure
 
-    keep_freed_memory()  # every step's large tensors reuse memory instead of page-faulting
+    read_environment(args)
 
     try:
         return args.func(args)
