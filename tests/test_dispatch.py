@@ -1,10 +1,11 @@
 """seqmix.mixers.dispatch: one implementation setting, a record of the path each call took
 (in provenance.json and benchmark rows), the fallback to the reference when a fast path
-fails. The Triton kernels' own fallback tests are in test_kernels.py (they need the
-interpreter)."""
+fails; and no module but the CLI reads the environment. The Triton kernels' own fallback
+tests are in test_kernels.py (they need the interpreter)."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import warnings
@@ -14,6 +15,8 @@ import pytest
 import torch
 
 from seqmix.mixers import dispatch
+
+from .conftest import REPO
 
 
 def twice(x):
@@ -161,3 +164,40 @@ def test_provenance_records_the_setting_and_the_paths_a_run_took(prepared_mqar, 
         prov = json.loads((Path(spec.run_dir) / "provenance.json").read_text())["implementation"]
         assert prov["setting"] == setting and prov["paths"] == {"mamba": path}, (i, prov)
         assert "triton" in prov
+
+
+# ------------------------------------------------------------------------------------------
+# No module reads or writes the environment but the CLI
+# ------------------------------------------------------------------------------------------
+
+CLI_BOUNDARY = {"src/seqmix/cli.py"}
+ENV_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def environment_uses(source: str) -> list[int]:
+    """Lines that touch the process environment: os.environ, os.getenv, os.putenv, … or
+    those names imported from os."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr in ENV_NAMES and isinstance(node.value, ast.Name)
+                and node.value.id == "os"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and {a.name for a in node.names} & ENV_NAMES:
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_the_scan_finds_what_it_looks_for():
+    source = ("import os\nflag = os.environ.get('A') == '1'\nfrom os import getenv\nos.environ['B'] = '1'\n"
+              "path = os.path.join('a', 'b')\nenviron = {}\n")
+    assert environment_uses(source) == [2, 3, 4]
+
+
+def test_no_module_but_the_cli_reads_the_environment():
+    files = sorted([*(REPO / "src" / "seqmix").rglob("*.py"), *(REPO / "kernels").glob("*.py")])
+    assert len(files) > 40
+    found = [f"{f.relative_to(REPO)}:{n}" for f in files if str(f.relative_to(REPO)) not in CLI_BOUNDARY
+             for n in environment_uses(f.read_text())]
+    assert not found, ("read the environment in seqmix.cli and pass the value on: "
+                       + ", ".join(found))
+    assert environment_uses((REPO / "src" / "seqmix" / "cli.py").read_text()), "the CLI is where they are read"
