@@ -13,9 +13,10 @@ Beside them, for CPU tensors and without triton: ``seqmix.kernels.selective_scan
 selective scan as one C++ loop (compiled at first use by ``torch.utils.cpp_extension``) =
 ``mixers.mamba.selective_scan_reference``.
 
-Mixers call them for CUDA tensors (``mixers.base.use_kernel``); ``SEQMIX_REFERENCE_MIXERS=1``
-or the config's ``train.reference_mixers`` forces the references. On the CPU the kernels run
-under ``TRITON_INTERPRET=1`` (set before the submodules are imported): slow, exact, and what
+Mixers reach them through ``seqmix.mixers.dispatch`` (Triton for CUDA tensors, the C++ scan
+for CPU tensors, the reference under ``train.reference_mixers`` or ``SEQMIX_REFERENCE_MIXERS=1``;
+a kernel that fails falls back to its reference). On the CPU the Triton kernels run under
+``TRITON_INTERPRET=1`` (set before the submodules are imported): slow, exact, and what
 ``tests/test_kernels.py`` uses.
 """
 

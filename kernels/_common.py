@@ -7,17 +7,19 @@ users never pay for it.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
+from triton.runtime.interpreter import InterpretedFunction
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def interpreting() -> bool:
-    """True under TRITON_INTERPRET=1 (kernels run on the CPU through numpy, slow but exact)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+def interpreted(kernel) -> bool:
+    """True when ``kernel`` runs under the Triton interpreter (on the CPU through numpy, slow
+    but exact). Triton chooses when it decorates the kernel (TRITON_INTERPRET=1 at import), so
+    the kernel object's type says what will run, whatever the environment says now."""
+    return isinstance(kernel, InterpretedFunction)
 
 
 def next_pow2(n: int, minimum: int = 1) -> int:
@@ -56,12 +58,13 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def check_same_device(*tensors: torch.Tensor | None) -> torch.device:
+def check_same_device(kernel, *tensors: torch.Tensor | None) -> torch.device:
+    """The one device of ``tensors``, on which ``kernel`` can run (CUDA, or any under the interpreter)."""
     devs = {t.device for t in tensors if t is not None}
     if len(devs) != 1:
         raise ValueError(f"kernel inputs must be on one device, got {sorted(map(str, devs))}")
     dev = devs.pop()
-    if dev.type != "cuda" and not interpreting():
+    if dev.type != "cuda" and not interpreted(kernel):
         raise RuntimeError(
             f"Triton kernels need CUDA tensors (got {dev}); on the CPU set TRITON_INTERPRET=1 "
             "before importing seqmix.kernels, or call the PyTorch reference"

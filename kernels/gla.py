@@ -40,7 +40,7 @@ from seqmix.kernels._common import (
     check_same_device,
     compute_dtype,
     dot_precision,
-    interpreting,
+    interpreted,
     next_pow2,
 )
 
@@ -351,7 +351,7 @@ def _revcumsum_kernel(x_ptr, y_ptr, L, K, NT, BT: tl.constexpr, BK: tl.constexpr
 
 def _blocks(K: int, V: int) -> dict[str, int]:
     """Tile sizes: H100-sized on CUDA; 16 under the interpreter so tests cross tile edges."""
-    if interpreting():
+    if interpreted(_fwd_o_kernel):
         return {"bk": 16, "bv": 16, "bk_intra": 16, "warps": 4}
     return {
         "bk": min(64, next_pow2(K, 16)),
@@ -407,7 +407,7 @@ class ChunkGLA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, log_alpha, chunk_size):
-        check_same_device(q, k, v, log_alpha)
+        check_same_device(_fwd_o_kernel, q, k, v, log_alpha)
         q, k, v, log_alpha = (t.contiguous() for t in (q, k, v, log_alpha))
         B, H, L, K = q.shape
         V = v.shape[-1]

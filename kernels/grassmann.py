@@ -40,7 +40,7 @@ from seqmix.kernels._common import (
     check_same_device,
     compute_dtype,
     dot_precision,
-    interpreting,
+    interpreted,
     next_pow2,
     sm_count,
 )
@@ -268,7 +268,7 @@ def _pairs(r: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _blocks(D: int, R_PAD: int) -> dict[str, int]:
     """Tile sizes: H100-sized on CUDA; 16 under the interpreter so tests cross tile edges."""
-    small = interpreting()
+    small = interpreted(_fwd_kernel)
     bi = max(1, min(R_PAD, (16 if small else 128) // R_PAD))
     if bi * R_PAD < 16:  # tl.dot needs every dimension ≥ 16
         bi = 16 // R_PAD
@@ -324,7 +324,7 @@ class GrassmannMix(torch.autograd.Function):
     def forward(ctx, z, weight, bias, offsets, normalize, eps):
         B, L, r = z.shape
         D, C = weight.shape
-        dev = check_same_device(z, weight, bias)
+        dev = check_same_device(_fwd_kernel, z, weight, bias)
         N, M = B * L, len(offsets)
         R_PAD = next_pow2(r, 4)
         blk = _blocks(D, R_PAD)

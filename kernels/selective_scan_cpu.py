@@ -14,7 +14,7 @@ with g++ on a 2-core machine) and cached in ``TORCH_EXTENSIONS_DIR`` (default
 ``~/.cache/torch_extensions``); concurrent jobs wait on torch's build lock. Where it cannot
 be built (no C++ compiler or Python headers), ``available()`` is False after one warning
 and Mamba keeps the eager chunked scan. ``SEQMIX_REFERENCE_MIXERS=1`` (or
-``train.reference_mixers``) also keeps the eager path.
+``train.reference_mixers``) also keeps the eager path (``seqmix.mixers.dispatch``).
 
 Both halves are ``torch.library`` custom ops with fake (shape-only) implementations, so
 ``FakeTensorMode`` cost counts see them; their FLOP formulas count the three

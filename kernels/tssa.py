@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from seqmix.kernels._common import check_same_device, interpreting, next_pow2
+from seqmix.kernels._common import check_same_device, interpreted, next_pow2
 
 
 @triton.jit
@@ -242,7 +242,7 @@ def _noncausal_bwd_kernel(
 def _block_t(H_PAD: int, P_PAD: int) -> int:
     """Tokens per block: 16 under the interpreter (tests cross block edges); on a GPU as many
     as keep the (H, BT, p) tile near 8K fp32 values (32 at H=4, p=64)."""
-    if interpreting():
+    if interpreted(_causal_fwd_kernel):
         return 16
     return max(16, min(128, 8192 // (H_PAD * P_PAD)))
 
@@ -250,7 +250,7 @@ def _block_t(H_PAD: int, P_PAD: int) -> int:
 class TSSA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, w, temp, denom_bias, causal):
-        check_same_device(w, temp, denom_bias if causal else None)
+        check_same_device(_causal_fwd_kernel, w, temp, denom_bias if causal else None)
         w = w.contiguous()
         temp = temp.contiguous()
         B, H, L, P = w.shape

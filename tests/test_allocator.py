@@ -1,5 +1,6 @@
 """seqmix.allocator: with freed memory kept, a training-sized tensor allocated again and
-again stops page-faulting; with glibc's defaults (the control) every allocation faults.
+again stops page-faulting; with glibc's defaults (the control, SEQMIX_SYSTEM_MALLOC=1 read
+by the CLI) every allocation faults.
 glibc settles after a few allocations (8-9 here), so only the last four are judged."""
 
 import os
@@ -11,8 +12,8 @@ import pytest
 
 PROBE = textwrap.dedent("""
     import resource, sys, torch
-    from seqmix.allocator import keep_freed_memory
-    took = keep_freed_memory()
+    from seqmix.cli import keep_freed_memory_unless_asked  # what every command does first
+    took = keep_freed_memory_unless_asked()
     def faults():
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     counts = []

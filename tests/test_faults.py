@@ -765,11 +765,10 @@ def test_raw_data_of_the_mirror(tmp_path, monkeypatch, how):
                                 f"corrupted or not the file this pipeline was built for; {fix}")
 
 
-def test_the_mirror_fix_names_the_setting_in_force(tmp_path, monkeypatch):
+def test_the_mirror_fix_names_the_setting_in_force(tmp_path):
     mirror = tmp_path / "mirror"
     mirror.mkdir()
-    monkeypatch.setenv(MIRROR_ENV, str(mirror))
-    from_env = resolve_source(DataSpec(source="mirror"))
+    from_env = resolve_source(DataSpec(source="mirror"), env_mirror=str(mirror))  # as the CLI passes it
     from_config = resolve_source(DataSpec(mirror=str(mirror), source="mirror"))
     with pytest.raises(DataError, match=f"point the environment variable {MIRROR_ENV} at a mirror"):
         mirror_file(from_env, "snli", "validation")

@@ -23,6 +23,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before any triton.jit function is define
 
 import importlib  # noqa: E402
 import sys  # noqa: E402
+import warnings  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -253,35 +254,90 @@ def test_half_precision_inputs_against_fp32_reference():
 
 
 # --------------------------------------------------------------------------------------
-# The mixers' dispatch (use_kernel forced on the CPU) gives the reference's output and grads
+# The mixers' dispatch (the kernels forced on the CPU) gives the reference's output and grads;
+# a kernel that fails falls back to the reference, once, and says so
 # --------------------------------------------------------------------------------------
 
+DISPATCH_OPTIONS = {"grassmann": {"rank": 5, "offsets": (1, 3, 3)}, "gla": {"n_heads": 2, "chunk_size": 16},
+                    "tssa": {"n_heads": 3}}
 
-@pytest.mark.parametrize("arch,causal,options", [
-    ("grassmann", True, {"rank": 5, "offsets": (1, 3, 3)}),
-    ("gla", True, {"n_heads": 2, "chunk_size": 16}),
-    ("tssa", True, {"n_heads": 3}),
-    ("tssa", False, {"n_heads": 3}),
-])
-def test_mixer_dispatch_matches_reference(arch, causal, options, monkeypatch):
-    _kernel_module(arch)  # kernels module of the same name, under the interpreter
+
+def _mixer_case(arch: str, causal: bool = True):
+    """A small mixer of ``arch`` (d 24, L 19: not a multiple of the 16-token tiles), its input,
+    parameters and an output gradient."""
     from seqmix.mixers import build
 
-    mixer_module = importlib.import_module(f"seqmix.mixers.{arch}")
     torch.manual_seed(0)
-    mixer = build(arch, 24, causal=causal, max_len=32, **options)
+    mixer = build(arch, 24, causal=causal, max_len=32, **DISPATCH_OPTIONS[arch])
     x = torch.randn(2, 19, 24, requires_grad=True)
-    dy = torch.randn(2, 19, 24)
-    params = [x] + [p for p in mixer.parameters()]
-    want = mixer(x)
+    return mixer, x, [x, *mixer.parameters()], torch.randn(2, 19, 24)
+
+
+@pytest.mark.parametrize("arch,causal", [("grassmann", True), ("gla", True), ("tssa", True), ("tssa", False)])
+def test_mixer_dispatch_matches_reference(arch, causal):
+    from seqmix.mixers import dispatch
+
+    _kernel_module(arch)  # kernels module of the same name, under the interpreter
+    mixer, x, params, dy = _mixer_case(arch, causal)
+    with dispatch.using("reference") as reference_run:
+        want = mixer(x)
     want_grads = _grads(want, params, dy)
-    calls = []
-    monkeypatch.setattr(mixer_module, "use_kernel", lambda t: calls.append(t) is None)  # True
-    got = mixer(x)
-    assert calls, f"{arch} never asked use_kernel"
+    with dispatch.using("triton") as kernel_run:
+        got = mixer(x)
+    assert reference_run.taken() == {arch: "reference"} and kernel_run.taken() == {arch: "triton"}
     assert_matches(got, want, f"{arch} output")
     for i, (g, w) in enumerate(zip(_grads(got, params, dy), want_grads)):
         assert_matches(g, w, f"{arch} grad {i}")
+
+
+def compile_failure(error: str) -> Exception:
+    """What Triton raises when a kernel does not compile: a front-end CompilationError, or
+    MLIR's pass manager failing inside triton.compile (the ToST kernels on an H100 with
+    Triton 3.6.0, issue 24)."""
+    from triton.compiler.errors import CompilationError
+
+    if error == "CompilationError":
+        return CompilationError("def _causal_fwd_kernel(...): ...", None, "Assertion failed in ScanOpToLLVM.cpp")
+    return RuntimeError("PassManager::run failed")
+
+
+@pytest.mark.parametrize("arch,kernel,error,shape", [
+    ("tssa", "_causal_fwd_kernel", "CompilationError", (2, 3, 19, 8)),  # the forward fails to compile
+    ("tssa", "_causal_bwd_kernel", "RuntimeError", (2, 3, 19, 8)),  # only the backward: caught at first use
+    ("grassmann", "_fwd_kernel", "RuntimeError", (2, 19, 5)),
+    ("gla", "_bwd_dqk_kernel", "CompilationError", (2, 2, 19, 6)),
+])
+def test_a_kernel_that_fails_falls_back_to_its_reference_with_one_warning(arch, kernel, error, shape, monkeypatch):
+    import triton
+
+    from seqmix.mixers import dispatch
+
+    module = _kernel_module(arch)
+    mixer, x, params, dy = _mixer_case(arch)
+    with dispatch.isolated("reference"):
+        want = mixer(x)
+    want_grads = _grads(want, params, dy)
+
+    def launch(*args, **kwargs):
+        raise compile_failure(error)
+
+    # the launch itself fails (where Triton compiles); the kernel object keeps its type
+    monkeypatch.setattr(getattr(module, kernel), "run", launch)
+    with dispatch.isolated("triton"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outputs = [mixer(x) for _ in range(3)]  # after the first, straight to the reference
+        record = dispatch.provenance()
+    for got in outputs:
+        assert_matches(got, want, f"{arch} output after the fallback")
+        for i, (g, w) in enumerate(zip(_grads(got, params, dy), want_grads)):
+            assert_matches(g, w, f"{arch} grad {i} after the fallback")
+    warned = [str(w.message) for w in caught if issubclass(w.category, dispatch.KernelFallbackWarning)]
+    assert len(warned) == 1, warned
+    for part in (f"triton kernel '{arch}' failed", f"{shape} float32", f"Triton {triton.__version__}", error):
+        assert part in warned[0], (part, warned[0])
+    assert record["setting"] == "triton"
+    assert record["paths"][arch].startswith(f"reference (fallback: triton failed: {error}: "), record
+    assert not dispatch.provenance()["paths"], "isolated() gave the process state back"
 
 
 # --------------------------------------------------------------------------------------

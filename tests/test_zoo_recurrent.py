@@ -260,22 +260,18 @@ def test_selective_scan_fused_fp32_and_without_D(fused_scan):
 
 
 def test_mamba_layer_takes_the_fused_scan_on_cpu_and_matches_the_eager_one(fused_scan):
-    from seqmix.mixers import base
+    from seqmix.mixers import dispatch
 
     torch.manual_seed(0)
     layer = mixers.build("mamba", 16).double()
     u = torch.randn(2, 21, 16, dtype=F64, requires_grad=True)
     params = [u, *layer.parameters()]
-    was_forced = base.reference_forced()
-    try:
-        base.force_reference(False)
-        with torch.profiler.profile() as prof:
-            fast = layer(u)
-        base.force_reference(True)
+    with dispatch.using("auto") as fused_run, torch.profiler.profile() as prof:
+        fast = layer(u)
+    with dispatch.using("reference") as eager_run:
         eager = layer(u)
-    finally:
-        base.force_reference(was_forced)
     assert any("selective_scan_cpu" in e.name for e in prof.events())
+    assert fused_run.taken() == {"mamba": "fused_cpu"} and eager_run.taken() == {"mamba": "reference"}
     torch.testing.assert_close(fast, eager, atol=1e-10, rtol=0)
     assert_all_close(grads(fast, params), grads(eager, params), atol=1e-10)
 

@@ -11,14 +11,14 @@ reuse PyTorch's CPU performance guide gets from jemalloc or TCMalloc, set with g
 ``mallopt`` so that nothing is preloaded. The process's resident memory stays at its peak
 instead of falling back between steps (its peak is what rules declare anyway).
 
-``SEQMIX_SYSTEM_MALLOC=1`` leaves glibc's defaults alone.
+The CLI calls it for every command unless ``SEQMIX_SYSTEM_MALLOC=1``, which leaves glibc's
+defaults alone.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 
 M_TRIM_THRESHOLD = -1  # <malloc.h>: free top of heap kept up to this many bytes
 M_MMAP_MAX = -4  # <malloc.h>: at most this many mmap-served chunks (0: none, use the heap)
@@ -27,9 +27,7 @@ INT_MAX = 2**31 - 1  # mallopt takes an int
 
 def keep_freed_memory() -> bool:
     """Ask glibc to serve large allocations from the heap and never trim it; True when it
-    took effect (False on other C libraries, or when SEQMIX_SYSTEM_MALLOC=1)."""
-    if os.environ.get("SEQMIX_SYSTEM_MALLOC") == "1":
-        return False
+    took effect (False on other C libraries)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt

@@ -4,16 +4,48 @@ Each command reads a study config (``--config``: a YAML file, or the JSON the Sn
 passes) or a job spec (``--spec``), calls one library function with its typed section,
 and writes files; nothing here holds results in memory between commands. Run
 ``python -m seqmix <command> --help`` for each command's options.
+
+This is the one module that reads environment variables (``read_environment``; a test keeps
+it so): each becomes an explicit setting or argument before the command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from seqmix.config import DEFAULT_CONFIG, ConfigError, load_config
+from seqmix.sections import MIRROR_ENV
+
+REFERENCE_ENV = "SEQMIX_REFERENCE_MIXERS"  # 1: plain PyTorch mixers everywhere (dispatch setting "reference")
+SYSTEM_MALLOC_ENV = "SEQMIX_SYSTEM_MALLOC"  # 1: glibc's malloc defaults (seqmix.allocator not applied)
+INTERPRET_ENV = "TRITON_INTERPRET"  # set to 1 by `bench kernels` on a machine without a GPU
+# MIRROR_ENV, SEQMIX_DATA_MIRROR: the raw-data mirror when data.mirror is null, given to data jobs
+
+
+def keep_freed_memory_unless_asked() -> bool:
+    """seqmix.allocator's setting unless SEQMIX_SYSTEM_MALLOC=1; True when it took effect."""
+    from seqmix.allocator import keep_freed_memory
+
+    return os.environ.get(SYSTEM_MALLOC_ENV) != "1" and keep_freed_memory()
+
+
+def read_environment(args) -> None:
+    """Turn the environment into settings, once, before the command runs."""
+    from seqmix.mixers import dispatch
+
+    keep_freed_memory_unless_asked()  # every step's large tensors reuse memory instead of page-faulting
+    dispatch.configure("reference" if os.environ.get(REFERENCE_ENV) == "1" else "auto")
+    if args.command == "bench" and args.what == "kernels":
+        import torch
+
+        # Triton chooses interpreter or compiler when it decorates a kernel, i.e. when a kernel
+        # module is imported: decided here, before any is.
+        if not torch.cuda.is_available():
+            os.environ[INTERPRET_ENV] = "1"
 
 
 def parse_spec(model, text: str):
@@ -46,6 +78,7 @@ def cmd_data(args) -> int:
     else:
         job = parse_spec(DataJob, args.spec) if args.spec else data_job(load_config(args.config), args.name)
         prepare = task_class(job.kind).prepare
+    job = job.model_copy(update={"env_mirror": os.environ.get(MIRROR_ENV) or None})
     out_dir = Path(job.out_dir)
     # One preparation per data directory at a time; what a killed one left is removed.
     with exclusive_lock(out_dir / ".prepare.lock", f"data directory {out_dir}"):
@@ -362,11 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; a known failure (bad config or spec, bad data, a file that cannot be
     read or written, a run directory in use) prints one line naming the cause and the fix."""
     args = build_parser().parse_args(argv)
-    from seqmix.allocator import keep_freed_memory
     from seqmix.data.manifest import DataError
     from seqmix.io import FileError, write_failure
 
-    keep_freed_memory()  # every step's large tensors reuse memory instead of page-faulting
+    read_environment(args)
 
     try:
         return args.func(args)

@@ -19,6 +19,7 @@ class TokenizerJob(Section):
     out_dir: str
     data: DataSpec
     tokenizer: TokenizerSpec
+    env_mirror: str | None = None  # $SEQMIX_DATA_MIRROR, filled in by the CLI (used when data.mirror is null)
 
 
 class DataJob(Section):
@@ -31,6 +32,7 @@ class DataJob(Section):
     data: DataSpec
     tokenizer: TokenizerSpec
     settings: dict[str, Any]
+    env_mirror: str | None = None  # as for TokenizerJob
 
 
 class RunSpec(Section):

@@ -28,9 +28,12 @@ fwd q, k, v + o, bwd adds q, k, v, o, do + dq, dk, dv (sdpa is compute-bound; it
 bandwidth column is only for completeness). ``bandwidth_GBps`` = bytes_moved / time and
 ``roofline_frac`` = that over the GPU's HBM bandwidth (table below; empty if unknown).
 
+A case that fails (a kernel that does not compile or launch) is a row with status
+``failed: <error>``, printed verbatim, and the sweep goes on.
+
 Without a GPU the command takes no timings: it runs each kernel once under the Triton
 interpreter at a tiny size against its reference, says so, and exits 0 (1 if a kernel
-disagrees).
+disagrees). The CLI sets TRITON_INTERPRET=1 for it before any kernel module is imported.
 """
 
 from __future__ import annotations
@@ -38,9 +41,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
-import os
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -240,6 +241,8 @@ def measure(op: str, impl: str, case: Callable, B: int, L: int, dtype, device, h
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
         return [{**base, "pass": p, "status": "oom"} for p in ("fwd", "fwdbwd")]
+    except Exception as err:  # noqa: BLE001 - a kernel that fails to compile or launch is a result
+        return [{**base, "pass": p, "status": failed(err)} for p in ("fwd", "fwdbwd")]
 
     def forward():
         with torch.no_grad():
@@ -260,11 +263,22 @@ def measure(op: str, impl: str, case: Callable, B: int, L: int, dtype, device, h
             torch.cuda.empty_cache()
             rows.append({**row, "status": "oom"})
             continue
+        except Exception as err:  # noqa: BLE001 - as above (the backward kernels compile here)
+            rows.append({**row, "status": failed(err)})
+            continue
         gbps = nbytes / (ms * 1e-3) / 1e9
         row.update(time_ms=round(ms, 5), bandwidth_GBps=round(gbps, 2), status="ok",
                    roofline_frac=round(gbps * 1e9 / hbm, 4) if hbm else "")
         rows.append(row)
     return rows  # the tensors die with this frame; the next case starts from a clean cache
+
+
+def failed(err: Exception) -> str:
+    """A failed case's status: the error printed verbatim to stderr, its first 200 characters in the row."""
+    import traceback
+
+    traceback.print_exception(err)
+    return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
 
 
 def _time(rows, op, impl, pass_, L):
@@ -336,20 +350,19 @@ def run_gpu(lengths: list[int], out: Path | None, batch: int, dtype: torch.dtype
 
 
 def _interpreted(name: str):
-    """seqmix.kernels.<name> with its kernels defined under TRITON_INTERPRET=1."""
-    from triton.runtime.interpreter import InterpretedFunction
+    """seqmix.kernels.<name>, whose kernels must have been defined under the interpreter."""
+    from seqmix.kernels._common import interpreted
 
     mod = importlib.import_module(f"seqmix.kernels.{name}")
     probe = {"grassmann": "_fwd_kernel", "gla": "_fwd_o_kernel", "tssa": "_causal_fwd_kernel"}[name]
-    if not isinstance(getattr(mod, probe), InterpretedFunction):
-        importlib.reload(sys.modules["seqmix.kernels._common"])
-        mod = importlib.reload(mod)
+    if not interpreted(getattr(mod, probe)):
+        raise RuntimeError(f"seqmix.kernels.{name} was imported without TRITON_INTERPRET=1, so its kernels "
+                           "need a GPU: run `python -m seqmix bench kernels`, which sets it before importing them")
     return mod
 
 
 def smoke_cpu() -> dict[str, float]:
     """Each kernel once at a tiny size vs its reference, forward and backward: max rel. error."""
-    os.environ["TRITON_INTERPRET"] = "1"
     from seqmix.mixers.gla import gla_recurrent_reference
     from seqmix.mixers.grassmann import grassmann_mix_reference
     from seqmix.mixers.tssa import tssa_reference

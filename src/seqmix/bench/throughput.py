@@ -28,6 +28,9 @@ so that the numbers are per core and do not depend on what else runs beside the 
     tokens_per_s_min, tokens_per_s_max   the range over rounds
     ratio_to_softmax     median over rounds of tokens_per_s / softmax's tokens_per_s of
                          the same round and length (> 1: faster than softmax)
+    implementation       the dispatch setting (seqmix.mixers.dispatch: auto | reference)
+    fast_paths           the path each mixer fast path took, e.g. "mamba: fused_cpu"; "none"
+                         for a model without one (softmax's SDPA is PyTorch's own)
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from tqdm import tqdm
 
 from seqmix import catalogue
 from seqmix.io import write_csv
+from seqmix.mixers import dispatch
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.sections import ThroughputSpec
 from seqmix.train.loop import resolve_device
@@ -49,7 +53,7 @@ from seqmix.train.provenance import device_record
 
 FIELDS = ["arch", "device", "device_name", "threads", "d_model", "n_layers", "d_ff_mult", "vocab_size",
           "seq_len", "batch", "params", "repeats", "steps", "step_ms", "tokens_per_s",
-          "tokens_per_s_min", "tokens_per_s_max", "ratio_to_softmax"]
+          "tokens_per_s_min", "tokens_per_s_max", "ratio_to_softmax", "implementation", "fast_paths"]
 BASELINE = catalogue.BASELINE
 
 
@@ -103,11 +107,11 @@ def _seconds(step: Callable[[], None], n: int, device: torch.device) -> float:
 
 
 def measure_rounds(archs: list[str], spec: ThroughputSpec, mixer_options: dict, device: torch.device,
-                   progress: bool = True) -> tuple[dict, dict]:
+                   progress: bool = True) -> tuple[dict, dict, dict]:
     """Seconds of ``spec.steps`` steps per (arch, L) in every round, interleaved: round r times
     every (L, arch) once before round r + 1 starts. Returns ({(arch, L): [s, …]}, {(arch, L):
-    (batch, params)})."""
-    steps, shapes = {}, {}
+    (batch, params)}, {(arch, L): the dispatch record of its last untimed step})."""
+    steps, shapes, paths = {}, {}, {}
     for L in spec.lengths:
         for arch in archs:
             step, batch, params = training_step(arch, L, spec, mixer_options.get(arch, {}), device)
@@ -121,11 +125,12 @@ def measure_rounds(archs: list[str], spec: ThroughputSpec, mixer_options: dict, 
             # timed before left behind (cold caches, memory to map again): with one timed
             # step and none untimed, ToST's unchanged code measured 0.60× and 1.87× softmax
             # at L = 1024 in two runs.
-            step()
+            with dispatch.using() as paths[key]:  # a fallback happens at a first call, never timed
+                step()
             seconds[key].append(_seconds(step, spec.steps, device))
             bar.update()
     bar.close()
-    return seconds, shapes
+    return seconds, shapes, paths
 
 
 def throughput_rows(archs: list[str], spec: ThroughputSpec, mixer_options: dict,
@@ -136,7 +141,7 @@ def throughput_rows(archs: list[str], spec: ThroughputSpec, mixer_options: dict,
     torch.set_num_threads(spec.threads)
     try:
         archs = causal_architectures(archs)
-        seconds, shapes = measure_rounds(archs, spec, mixer_options, device, progress)
+        seconds, shapes, paths = measure_rounds(archs, spec, mixer_options, device, progress)
         rec = device_record(device)
     finally:
         torch.set_num_threads(previous_threads)
@@ -155,6 +160,8 @@ def throughput_rows(archs: list[str], spec: ThroughputSpec, mixer_options: dict,
             "tokens_per_s": statistics.median(rates), "tokens_per_s_min": min(rates),
             "tokens_per_s_max": max(rates),
             "ratio_to_softmax": statistics.median(r / b for r, b in zip(rates, base)),
+            "implementation": paths[arch, L].setting,
+            "fast_paths": ", ".join(f"{k}: {v}" for k, v in paths[arch, L].taken().items()) or "none",
         })
     return rows
 

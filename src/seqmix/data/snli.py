@@ -25,10 +25,10 @@ def _encode(tok, texts: list[str], max_tokens: int) -> tuple[np.ndarray, np.ndar
 
 
 def prepare_snli(data: DataSpec, train_file: str, max_sentence_tokens: int, out_dir: str | Path,
-                 tokenizer_dir: str | Path) -> dict:
+                 tokenizer_dir: str | Path, env_mirror: str | None = None) -> dict:
     """``<split>.npz`` (token ids and offsets of premises and hypotheses, labels) with
-    their manifest; returns its info."""
-    source = resolve_source(data)
+    their manifest; returns its info. ``env_mirror``: as for ``resolve_source``."""
+    source = resolve_source(data, env_mirror)
     tok, _ = load_tokenizer(tokenizer_dir)
     ds = load_snli(source, train_file)
     out_dir = Path(out_dir)

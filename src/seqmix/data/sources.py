@@ -2,12 +2,12 @@
 layout of shared/data (see its README). Mirror files are checked against the published
 sha256 of the official releases before anything is read from them; a missing or wrong
 file stops the job naming the file, its expected digest and the fix (which names the
-setting in force: the config key 'data.mirror' or the environment variable)."""
+setting in force: the config key 'data.mirror' or the environment variable, which the CLI
+reads and passes here as ``env_mirror``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
@@ -81,9 +81,10 @@ class Source:
         return f"local mirror {self.mirror}" if self.kind == "mirror" else "Hugging Face hub"
 
 
-def resolve_source(data: DataSpec) -> Source:
-    """The configured source: ``data.mirror`` (or $SEQMIX_DATA_MIRROR) or the hub."""
-    mirror = data.mirror or os.environ.get(MIRROR_ENV) or None
+def resolve_source(data: DataSpec, env_mirror: str | None = None) -> Source:
+    """The configured source: ``data.mirror`` (else ``env_mirror``, $SEQMIX_DATA_MIRROR as the
+    CLI read it) or the hub."""
+    mirror = data.mirror or env_mirror or None
     origin = "config key 'data.mirror'" if data.mirror else f"environment variable {MIRROR_ENV}"
     source = data.source
     if source == "hub" or (source == "auto" and not mirror):

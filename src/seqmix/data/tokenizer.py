@@ -54,7 +54,7 @@ def train_wordpiece(lines, vocab_size: int) -> Tokenizer:
 def prepare_tokenizer(job: TokenizerJob) -> dict:
     """Build the tokenizer described by ``job.tokenizer`` into ``job.out_dir``."""
     tcfg = job.tokenizer
-    source = resolve_source(job.data)
+    source = resolve_source(job.data, job.env_mirror)
     kind = tcfg.kind
     if kind == "auto":
         kind = "pretrained" if source.kind == "hub" else "trained"

@@ -17,9 +17,11 @@ from seqmix.io import atomic_file
 from seqmix.sections import DataSpec
 
 
-def prepare_wikitext2(data: DataSpec, out_dir: str | Path, tokenizer_dir: str | Path) -> dict:
-    """``<split>.npy`` token streams of every split with their manifest; returns its info."""
-    source = resolve_source(data)
+def prepare_wikitext2(data: DataSpec, out_dir: str | Path, tokenizer_dir: str | Path,
+                      env_mirror: str | None = None) -> dict:
+    """``<split>.npy`` token streams of every split with their manifest; returns its info.
+    ``env_mirror``: $SEQMIX_DATA_MIRROR as the CLI read it (``resolve_source``)."""
+    source = resolve_source(data, env_mirror)
     tok, _ = load_tokenizer(tokenizer_dir)
     ds = load_wikitext2(source)
     out_dir = Path(out_dir)

@@ -8,7 +8,6 @@ its ``step`` (recurrent form) and ``scores`` (explicit attention matrix).
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, ClassVar
 
 import torch
@@ -118,30 +117,3 @@ class HeadProjections:
 def linear_flops(tokens: int, d_in: int, d_out: int) -> float:
     """Multiply-adds of a dense layer counted as 2 FLOPs each."""
     return 2.0 * tokens * d_in * d_out
-
-
-# Kernel dispatch. Mixers with a Triton kernel in seqmix.kernels use it for CUDA tensors
-# (Mamba's fused C++ scan for CPU tensors) unless the reference is forced (config `train.reference_mixers`, or
-# SEQMIX_REFERENCE_MIXERS=1), so that every fast path can be checked against its spec.
-_FORCE_REFERENCE = os.environ.get("SEQMIX_REFERENCE_MIXERS", "0") == "1"
-
-
-def force_reference(flag: bool = True) -> None:
-    global _FORCE_REFERENCE
-    _FORCE_REFERENCE = flag
-
-
-def reference_forced() -> bool:
-    """True when config or environment asks for the plain PyTorch mixers everywhere."""
-    return _FORCE_REFERENCE
-
-
-def use_kernel(x: torch.Tensor) -> bool:
-    """True when ``x`` lives on a GPU, Triton imports and the reference is not forced."""
-    if _FORCE_REFERENCE or not x.is_cuda:
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -46,7 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqmix.mixers.base import Mixer, linear_flops, use_kernel
+from seqmix.mixers import dispatch
+from seqmix.mixers.base import Mixer, linear_flops
 from seqmix.mixers.scan import linear_scan
 
 # Secondary chunk length inside a chunk (fla uses 16); the sub-chunk is gcd(C, 16).
@@ -218,6 +219,23 @@ def _gla_across_chunks(q, k, v, g, C: int) -> torch.Tensor:
     return ((qc * gc.exp()) @ S_before).view(B, H, Lp, v.shape[-1])
 
 
+def gla_chunk(q, k, v, log_alpha, C: int) -> torch.Tensor:
+    """The PyTorch chunked form: hierarchical when C is a power of two (halves all the way
+    down), else one level of chunks."""
+    if C & (C - 1) == 0:
+        return gla_chunk_hierarchical(q, k, v, log_alpha, C)
+    return gla_chunk_reference(q, k, v, log_alpha, C)
+
+
+def _kernel_chunk_gla(*args) -> torch.Tensor:
+    from seqmix.kernels.gla import chunk_gla
+
+    return chunk_gla(*args)
+
+
+KERNEL = dispatch.triton_path(_kernel_chunk_gla)  # same arguments as gla_chunk
+
+
 class GatedLinearAttention(Mixer):
     Options = GLAOptions
     supports_noncausal = False
@@ -278,14 +296,7 @@ class GatedLinearAttention(Mixer):
 
     def core(self, q, k, v, log_alpha) -> torch.Tensor:
         """o (B, H, L, Dv_h): the Triton kernel for CUDA tensors, else the chunked form."""
-        if use_kernel(q):
-            from seqmix.kernels.gla import chunk_gla
-
-            return chunk_gla(q, k, v, log_alpha, self.options.chunk_size)
-        C = self.options.chunk_size
-        if C & (C - 1) == 0:  # a power of two: halves all the way down
-            return gla_chunk_hierarchical(q, k, v, log_alpha, C)
-        return gla_chunk_reference(q, k, v, log_alpha, C)
+        return dispatch.call("gla", (q, k, v, log_alpha, self.options.chunk_size), gla_chunk, KERNEL)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v, log_alpha, gate = self._qkvg(x)

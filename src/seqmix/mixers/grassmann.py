@@ -54,7 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqmix.mixers.base import Mixer, linear_flops, use_kernel
+from seqmix.mixers import dispatch
+from seqmix.mixers.base import Mixer, linear_flops
 
 
 @dataclasses.dataclass
@@ -136,6 +137,15 @@ def grassmann_mix_reference(
     return g * (count > 0).to(g.dtype)[:, None]
 
 
+def _kernel_mix(*args) -> torch.Tensor:
+    from seqmix.kernels.grassmann import grassmann_mix
+
+    return grassmann_mix(*args)
+
+
+KERNEL = dispatch.triton_path(_kernel_mix)  # causal offsets only; same arguments as the collapsed form
+
+
 def grassmann_mix_collapsed(
     z: torch.Tensor,
     weight: torch.Tensor,
@@ -209,16 +219,9 @@ class CausalGrassmann(Mixer):
         """g from z: the fused Triton kernel on a GPU (causal), else the collapsed PyTorch form;
         both are tested against ``grassmann_mix_reference``."""
         o = self.options
-        if self.causal and use_kernel(z):
-            from seqmix.kernels.grassmann import grassmann_mix
-
-            return grassmann_mix(
-                z, self.plucker_proj.weight, self.plucker_proj.bias, o.offsets, o.normalize, o.eps
-            )
-        return grassmann_mix_collapsed(
-            z, self.plucker_proj.weight, self.plucker_proj.bias, self.signed_offsets(),
-            o.normalize, o.eps,
-        )
+        args = (z, self.plucker_proj.weight, self.plucker_proj.bias, self.signed_offsets(), o.normalize, o.eps)
+        kernels = (KERNEL,) if self.causal else ()
+        return dispatch.call("grassmann", args, grassmann_mix_collapsed, *kernels)
 
     def blend(self, h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         alpha = torch.sigmoid(self.gate(torch.cat([h, g], dim=-1)))

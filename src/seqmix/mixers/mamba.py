@@ -49,7 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqmix.mixers.base import Mixer, linear_flops, reference_forced
+from seqmix.mixers import dispatch
+from seqmix.mixers.base import Mixer, linear_flops
 from seqmix.mixers.scan import scan
 
 
@@ -154,13 +155,18 @@ def selective_scan_fused(
     return y.transpose(1, 2).to(out_dtype)
 
 
-def fused_scan_applies(x: torch.Tensor) -> bool:
-    """True for CPU tensors when the reference is not forced and the C++ scan builds here."""
-    if x.device.type != "cpu" or reference_forced():
-        return False
+def _fused_scan_builds() -> bool:
     from seqmix.kernels import selective_scan_cpu
 
     return selective_scan_cpu.available()
+
+
+def _fused_scan(u, delta, A, B, C, D, chunk_size: int) -> torch.Tensor:
+    return selective_scan_fused(u, delta, A, B, C, D)  # one loop per sequence: no chunks
+
+
+# For CPU tensors where the C++ op builds; same arguments as selective_scan_chunked.
+FUSED_CPU = dispatch.fused_cpu_path(_fused_scan, _fused_scan_builds)
 
 
 def _chunked(t: torch.Tensor, C: int) -> torch.Tensor:
@@ -324,11 +330,8 @@ class Mamba(Mixer):
         x = F.silu(self.conv1d(x.transpose(1, 2))[..., :L])  # causal: left padding only
         delta, B, C = self._ssm_params(x.transpose(1, 2))  # (Bt, L, ·)
         A = -torch.exp(self.A_log)
-        args = (x, delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), self.D)
-        if fused_scan_applies(x):
-            y = selective_scan_fused(*args)  # (Bt, D, L)
-        else:
-            y = selective_scan_chunked(*args, self.options.chunk_size)
+        args = (x, delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), self.D, self.options.chunk_size)
+        y = dispatch.call("mamba", args, selective_scan_chunked, FUSED_CPU)  # (Bt, D, L)
         return self.out_proj(y.transpose(1, 2) * F.silu(z))
 
     # Recurrent form: the last d_conv conv inputs and the SSM state.

@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqmix.mixers.base import Mixer, linear_flops, use_kernel
+from seqmix.mixers import dispatch
+from seqmix.mixers.base import Mixer, linear_flops
 
 
 @dataclasses.dataclass
@@ -95,6 +96,15 @@ def tssa_reference(
     return (-(w * Pi[..., None]) / (1 + dots)).to(out_dtype)
 
 
+def _kernel_tssa(*args) -> torch.Tensor:
+    from seqmix.kernels.tssa import tssa
+
+    return tssa(*args)
+
+
+KERNEL = dispatch.triton_path(_kernel_tssa)  # same arguments as tssa_reference
+
+
 class TokenStatisticsAttention(Mixer):
     Options = TSSAOptions
     supports_noncausal = True
@@ -136,12 +146,7 @@ class TokenStatisticsAttention(Mixer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, D = x.shape
         w = self._heads(x)
-        if use_kernel(w):  # the Triton kernel for CUDA tensors
-            from seqmix.kernels.tssa import tssa
-
-            y = tssa(w, self.temp, self.denom_bias, self.causal)
-        else:
-            y = tssa_reference(w, self.temp, self.denom_bias, self.causal)
+        y = dispatch.call("tssa", (w, self.temp, self.denom_bias, self.causal), tssa_reference, KERNEL)
         return self.c_proj(y.transpose(1, 2).reshape(B, L, D))
 
     def compression_term(self, x: torch.Tensor, eps: float = 0.5) -> torch.Tensor:

@@ -38,7 +38,8 @@ class SNLI(Task):
     @classmethod
     def prepare(cls, job: DataJob) -> dict:
         s = cls.Settings.model_validate(job.settings)
-        return prepare_snli(job.data, s.train_file, s.max_sentence_tokens, job.out_dir, job.tokenizer_dir)
+        return prepare_snli(job.data, s.train_file, s.max_sentence_tokens, job.out_dir, job.tokenizer_dir,
+                            job.env_mirror)
 
     def __init__(self, spec):
         super().__init__(spec)

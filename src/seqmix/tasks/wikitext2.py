@@ -47,7 +47,7 @@ class WikiText2(Task):
 
     @classmethod
     def prepare(cls, job: DataJob) -> dict:
-        return prepare_wikitext2(job.data, job.out_dir, job.tokenizer_dir)
+        return prepare_wikitext2(job.data, job.out_dir, job.tokenizer_dir, job.env_mirror)
 
     def __init__(self, spec):
         super().__init__(spec)

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from seqmix.config import ConfigError
 from seqmix.io import exclusive_lock, remove_stale_temps, write_csv, write_json
-from seqmix.mixers.base import force_reference
+from seqmix.mixers import dispatch
 from seqmix.models.blocks import stack_reach
 from seqmix.models.budget import solve_budget
 from seqmix.plan import memory_problem
@@ -171,7 +171,6 @@ def start(spec: RunSpec) -> Run:
     train = spec.train
     if train.threads:
         torch.set_num_threads(train.threads)
-    force_reference(train.reference_mixers)
     device = resolve_device(train.device)
     check_precision(train, device)
     task = make_task(spec)  # checks every data file against its manifest, and its limits
@@ -290,7 +289,10 @@ def train(spec: RunSpec, progress: bool = True) -> dict:
     """Train one run to its end (or its divergence) and write its results; the run
     directory is this process's until then."""
     run_dir = Path(spec.run_dir)
-    with exclusive_lock(run_dir / LOCK, f"run directory {run_dir}"):
+    # train.reference_mixers forces the references for this run; else the process's setting
+    # (provenance.json records it and the path each fast path took)
+    implementation = "reference" if spec.train.reference_mixers else None
+    with exclusive_lock(run_dir / LOCK, f"run directory {run_dir}"), dispatch.using(implementation):
         run = start(spec)
         if run.state.status is None:
             train_steps(run, progress)

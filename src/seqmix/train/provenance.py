@@ -1,4 +1,5 @@
-"""Provenance: what produced a result (code version, packages, hardware, seed, time)."""
+"""Provenance: what produced a result (code version, packages, hardware, implementation of
+the mixers' fast paths, seed, time)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import torch
 
 from seqmix import REPO_ROOT
+from seqmix.mixers import dispatch
 
 PACKAGES = ("torch", "triton", "numpy", "datasets", "tokenizers", "snakemake", "seqmix")
 
@@ -56,10 +58,13 @@ def device_record(device: torch.device) -> dict:
 
 
 def provenance(device: torch.device, seed: int | None = None, **extra) -> dict:
+    """``implementation``: the dispatch setting and the path each mixer fast path took in the
+    current block (a training run: ``train`` opens one), e.g. {"grassmann": "triton"}."""
     return {
         "git": git_commit(),
         "packages": package_versions(),
         "device": device_record(device),
+        "implementation": dispatch.provenance(),
         "host": platform.node(),
         "platform": platform.platform(),
         "seed": seed,
