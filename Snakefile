@@ -1,7 +1,8 @@
 # seqmix: data -> train (task x arch x seed) -> eval -> analyses -> notebooks -> report.pdf
-# Thin on purpose: the config is validated here, before any job runs, and every rule
-# calls the library through `python -m seqmix ...` (workflow/rules/*.smk).
-import shlex
+# Thin on purpose: one library call resolves and validates the study before any job runs
+# (seqmix.dag.load: `python -m seqmix jobs` in a subprocess, its table cached, so parsing
+# the DAG imports no torch), and every rule calls the library through `python -m seqmix ...`
+# with the spec of what that job reads (workflow/rules/*.smk).
 import sys
 from pathlib import Path
 
@@ -9,22 +10,11 @@ from snakemake.utils import min_version
 
 min_version("8.0")
 
-# The jobs run the seqmix beside this Snakefile, the same code that validated the config.
-_SRC = str(Path(workflow.basedir) / "src")
-sys.path.insert(0, _SRC)
-shell.prefix(
-    "set -euo pipefail; export PYTHONPATH="
-    + shlex.quote(_SRC).replace("{", "{{").replace("}", "}}")
-    + "${{PYTHONPATH:+:$PYTHONPATH}}; "
-)
-from seqmix.config import (  # noqa: E402
-    DEFAULT_CONFIG,
-    ConfigError,
-    deep_merge,
-    read_config_file,
-    resolve_extends,
-    validate_config,
-)
+# The seqmix beside this Snakefile, here and in every job (a scratch copy runs its own code).
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from seqmix import dag  # noqa: E402
+
+shell.prefix(dag.shell_prefix())
 
 
 report: "workflow/report/workflow.rst"
@@ -34,17 +24,9 @@ report: "workflow/report/workflow.rst"
 # no `configfile:` directive, which Snakemake would merge under every --configfile: without
 # one the quick profile (config/config.yaml) is read, with any --config KEY=VALUE on top.
 try:
-    if workflow.overwrite_configfiles:
-        _raw = resolve_extends(config, Path(workflow.overwrite_configfiles[-1]).parent)
-    else:
-        _raw = resolve_extends(deep_merge(read_config_file(DEFAULT_CONFIG), config), DEFAULT_CONFIG.parent)
-    config.clear()
-    config.update(_raw)
-    STUDY = validate_config(config, source=f"the snakemake config ({', '.join(map(str, workflow.overwrite_configfiles)) or DEFAULT_CONFIG})")
-except ConfigError as _e:
-    sys.exit(f"error: {_e}")
-config.clear()
-config.update(STUDY.model_dump(mode="json"))
+    JOBS = dag.load(config, workflow.overwrite_configfiles)
+except dag.StudyError as _e:
+    sys.exit(str(_e))
 
 
 include: "workflow/rules/common.smk"
@@ -60,7 +42,7 @@ include: "workflow/rules/report.smk"
 onstart:
     from seqmix.plan import preflight
 
-    _problems = preflight(STUDY, local=workflow.local_exec)
+    _problems = preflight(JOBS.study(), local=workflow.local_exec)
     if _problems:
         sys.exit("error: the study would fail at its shapes:\n" + "\n".join(f"  - {p}" for p in _problems))
 

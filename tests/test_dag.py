@@ -1,6 +1,7 @@
 """The Snakemake DAG end to end on a tiny config in a temporary directory: it produces a
-PDF from this run's results; asking for one figure reruns only its notebook; a bad config
-fails before any job runs."""
+PDF from this run's results; asking for one figure reruns only its notebook; editing one
+task reruns that task's jobs and what reads them, nothing else; parsing the DAG imports no
+torch; a bad config fails before any job runs."""
 
 from __future__ import annotations
 
@@ -182,6 +183,67 @@ def test_nothing_left_to_do_after_a_full_run(full_run):
     assert planned_jobs(proc) == {}, proc.stdout[-2000:]
 
 
+def edited(work: Path, name: str, edit) -> Path:
+    """A copy of the tiny config with ``edit`` applied to it (its tasks share their model and
+    train sections, YAML anchors: replace one, do not update it in place)."""
+    cfg = yaml.safe_load((work / "tiny.yaml").read_text())
+    edit(cfg)
+    (work / name).write_text(yaml.safe_dump(cfg))
+    return work / name
+
+
+def rerun_because(proc: subprocess.CompletedProcess, reason: str) -> set[str]:
+    """The rules a dry run's summary lists under one reason (e.g. "params have changed")."""
+    found = re.search(rf"^    {reason}[^\n]*:\n        (.*)$", proc.stdout + proc.stderr, re.M)
+    return set(found.group(1).split(", ")) if found else set()
+
+
+# What reads every run: runs.csv, the notebooks on it or on every run's files, the report.
+READ_EVERY_RUN = {"collect": 1, "notebook_quality": 1, "notebook_recall": 1, "notebook_claims": 1, "report": 1, "all": 1}
+
+
+def test_adding_a_task_to_a_finished_study_runs_that_task_and_what_reads_every_run(full_run):
+    # Each job's params are its own spec: the analyses of other runs (complexity,
+    # throughput, sparsity, geometry, the closed forms) do not hold the task list, so they
+    # and their notebooks stay done. With the whole study in every job's params they would
+    # all rerun ("Params have changed").
+    src, work = full_run
+    config = edited(work, "added.yaml", lambda cfg: cfg["tasks"].update({"mqar/L32-kv4": {
+        **cfg["tasks"]["mqar"], "vocab_size": 48, "seq_len": 32, "num_kv_pairs": 4}}))
+    proc = snakemake(src, work, "-n", "--configfile", str(config))
+    assert planned_jobs(proc) == {"data_task": 1, "train": 2, "eval": 2, **READ_EVERY_RUN}, proc.stdout[-3000:]
+    assert set(re.findall(r"wildcards: (?:task|group)=([^,\n]+)", proc.stdout)) == {"mqar/L32-kv4"}
+    assert rerun_because(proc, "params have changed") == {"collect"}  # its run list
+
+
+def test_editing_one_tasks_training_reruns_its_runs_and_what_reads_them(full_run):
+    # MQAR's runs are the geometry analysis's (the first language-model task); WikiText-2's
+    # sparsity, SNLI's runs and every analysis that needs no training stay done.
+    src, work = full_run
+    config = edited(work, "lr.yaml", lambda cfg: cfg["tasks"]["mqar"].update(train={**cfg["tasks"]["mqar"]["train"], "lr": 1e-3}))
+    proc = snakemake(src, work, "-n", "--configfile", str(config))
+    assert planned_jobs(proc) == {"train": 2, "eval": 2, "geometry": 1, "notebook_geometry": 1, **READ_EVERY_RUN}
+    assert set(re.findall(r"wildcards: task=([^,\n]+)", proc.stdout)) == {"mqar"}
+    assert rerun_because(proc, "params have changed") == {"train"}
+
+
+def test_parsing_the_dag_again_reads_the_cached_job_table_and_imports_no_torch(full_run):
+    # The job table was made by the runs above (seqmix.dag); a dry run now reads it as it is
+    # (no file rewritten) and the Snakemake process never imports torch.
+    src, work = full_run
+    tables = {p: p.stat().st_mtime_ns for p in (work / ".snakemake" / "seqmix").glob("jobs-*.json")}
+    assert tables
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "snakemake", "--snakefile", str(src / "Snakefile"),
+                           "--directory", str(work), "--cores", "2", "-n", "--configfile", str(work / "tiny.yaml")],
+                          capture_output=True, text=True, env=env, cwd=work)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", proc.stderr, re.M)
+    assert "seqmix.dag" in imported and "snakemake" in imported
+    assert not [m for m in imported if m == "torch" or m.startswith("torch.")], "parsing the DAG imported torch"
+    assert {p: p.stat().st_mtime_ns for p in tables} == tables
+
+
 def test_editing_a_notebook_reruns_only_that_notebook(full_run):
     src, work = full_run
     nb = src / "notebooks" / "complexity.ipynb"
@@ -253,3 +315,84 @@ def test_a_bad_config_fails_before_any_job_naming_the_key(tmp_path):
     assert proc.returncode != 0
     assert "unknown key(s) 'learning_rate' under 'tasks.wikitext2.train'" in proc.stderr + proc.stdout
     assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
+
+
+# -- seqmix.dag: the job table the Snakefile reads -----------------------------------------
+
+
+def test_the_job_table_is_made_once_and_again_when_a_file_it_read_changes(tmp_path, monkeypatch):
+    from seqmix import dag
+
+    made = []
+    resolve = dag._resolve
+    monkeypatch.setattr(dag, "_resolve", lambda command: made.append(command) or resolve(command))
+    config, cache = tmp_path / "c.yaml", tmp_path / "cache"
+    config.write_text(yaml.safe_dump(tiny_config(tmp_path, None)))
+    first = dag.load({}, [config], cache)
+    assert dag.load({}, [config], cache).table == first.table and len(made) == 1  # read from the cache
+    read = json.loads(next(cache.glob("jobs-*.json")).read_text())["read"]
+    assert {str(config), str(REPO / "src" / "seqmix" / "config.py"),
+            str(REPO / "src" / "seqmix" / "mixers" / "grassmann.py")} <= set(read)
+    config.write_text(yaml.safe_dump(tiny_config(tmp_path, None, seeds=(0, 1))))
+    again = dag.load({}, [config], cache)
+    assert len(made) == 2 and len(again.table["runs"]) == 2 * len(first.table["runs"])
+    # Snakemake's --config on top of the file is another table, made once too.
+    assert dag.load({"seeds": [3]}, [config], cache).table["study"]["seeds"] == [3] and len(made) == 3
+
+
+def test_a_profile_that_extends_another_is_read_with_it():
+    from seqmix.dag import config_files
+
+    config = REPO / "config"
+    assert config_files(config / "paper-smoke.yaml") == [config / "paper-smoke.yaml", config / "paper.yaml"]
+
+
+@pytest.fixture(scope="module")
+def tiny_jobs(tmp_path_factory):
+    from seqmix.config import validate_config
+    from seqmix.dag import Jobs
+    from seqmix.study import job_table
+
+    root = tmp_path_factory.mktemp("jobs")
+    return Jobs(json.loads(json.dumps(job_table(validate_config(tiny_config(root, None))))))
+
+
+def test_outputs_yaml_references_name_results_runs_sources_and_settings(tiny_jobs):
+    from seqmix.dag import StudyError
+
+    results = tiny_jobs.results
+    assert tiny_jobs.reference("summary/runs.csv") == f"{results}/summary/runs.csv"
+    assert tiny_jobs.reference("runs:log.csv") == [f"{results}/runs/mqar/{a}/seed0/log.csv" for a in ("softmax", "grassmann")]
+    assert tiny_jobs.reference("src:paper/claims.yaml") == str(REPO / "paper" / "claims.yaml")
+    assert tiny_jobs.reference("src:paper/*.yaml") == sorted(str(p) for p in (REPO / "paper").glob("*.yaml"))
+    assert tiny_jobs.reference("src:results/bench/no-such-*.csv") == []
+    assert tiny_jobs.reference("config:profile", param=True) == "test"
+    with pytest.raises(StudyError, match="'bench:kernels.csv' is not a reference"):
+        tiny_jobs.reference("bench:kernels.csv")
+    with pytest.raises(StudyError, match="is not a reference"):
+        tiny_jobs.reference("config:profile")  # a setting is a parameter, not a file
+    with pytest.raises(StudyError, match="'report.nothing' is not a setting"):
+        tiny_jobs.reference("config:report.nothing", param=True)
+
+
+def test_every_notebook_of_outputs_yaml_resolves(tiny_jobs):
+    notebooks = tiny_jobs.notebooks(REPO / "notebooks" / "outputs.yaml")
+    assert set(notebooks) == set(notebook_outputs())
+    for nb in notebooks.values():
+        assert nb.inputs and all(isinstance(f, str) for f in nb.inputs), nb.name
+        assert nb.params["results_dir"] == tiny_jobs.results
+    assert notebooks["claims"].params["claims_file"] == str(REPO / "paper" / "claims.yaml")
+    assert notebooks["complexity"].params["bench_dir"] == str(REPO / "results" / "bench")
+    assert f"{tiny_jobs.results}/runs/mqar/softmax/seed0/config.json" in notebooks["quality"].inputs
+
+
+def test_each_analysis_job_holds_only_what_it_reads(tiny_jobs):
+    # Its spec, not the study: no task list, no other analysis's settings.
+    for name in ("complexity", "throughput", "sparsity_analytic", "geometry"):
+        spec = json.loads(tiny_jobs.spec(name))
+        assert "tasks" not in spec and "analysis" not in spec, name
+    assert set(json.loads(tiny_jobs.spec("complexity"))) == {"architectures", "mixers", "complexity"}
+    assert json.loads(tiny_jobs.spec("collect"))["run_dirs"] == [
+        f"{tiny_jobs.results}/runs/mqar/{a}/seed0" for a in ("softmax", "grassmann")]
+    (task, arch, seed), *_ = tiny_jobs.sparsity_runs()
+    assert json.loads(tiny_jobs.sparsity_spec(task, arch, seed))["run_dirs"] == [tiny_jobs.run_file("", task, arch, seed)[:-1]]

@@ -1,7 +1,7 @@
 """Profiles are self-contained: resolving config/paper.yaml gives exactly that file plus the
 schema's defaults, key by key, whichever way it is invoked (the library's loader, the CLI,
-Snakemake's --configfile, `make paper`); config/paper-smoke.yaml is paper.yaml plus the cuts
-it lists and nothing else."""
+the job table the Snakefile reads, Snakemake's --configfile, `make paper`);
+config/paper-smoke.yaml is paper.yaml plus the cuts it lists and nothing else."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from seqmix import catalogue
 from seqmix.config import ConfigError, deep_merge, load_config, read_config_file, task_section_model
 from seqmix.mixers import mixer_class
 from seqmix.sections import StudyFile
-from seqmix.study import runs
+from seqmix.study import run_dir, runs
 
 from .conftest import REPO
 
@@ -113,6 +113,15 @@ def test_the_cli_reads_the_same_profile():
     assert len(out) == len(runs(study)) and out[0].startswith("results/paper/runs/")
 
 
+def test_the_job_table_holds_the_same_profile():
+    # What `python -m seqmix jobs` prints is what the Snakefile builds its rules from.
+    out = subprocess.run([sys.executable, "-m", "seqmix", "jobs", "--config", str(PAPER)], capture_output=True,
+                         text=True, check=True, cwd=REPO).stdout
+    table = json.loads(out)
+    assert flatten(table["jobs"]["study"]) == flatten(resolved(PAPER))
+    assert {str(PAPER), str(REPO / "src" / "seqmix" / "config.py")} <= set(table["read"])
+
+
 def test_make_paper_runs_snakemake_on_the_paper_file_alone():
     out = subprocess.run(["make", "-n", "paper"], capture_output=True, text=True, check=True, cwd=REPO).stdout
     lines = [line for line in out.splitlines() if line.startswith("snakemake") and "--report" not in line]
@@ -139,14 +148,19 @@ def _json_args(dry_run: str, command: str, flag: str) -> list[dict]:
 
 
 def test_snakemake_passes_the_paper_profile_key_by_key(paper_dry_run):
-    """The study every job of `snakemake --configfile config/paper.yaml` receives is the
-    loader's, and the issue's grep of leaked quick-profile caps comes back empty."""
+    """What every job of `snakemake --configfile config/paper.yaml` receives is the loader's
+    study, each job its own part of it, and the issue's grep of leaked quick-profile caps
+    comes back empty."""
     assert not re.search(r'eval_max_tokens":32768|eval_max_examples":2000|jacobian_sequences":2[,}]', paper_dry_run)
-    study = resolved(PAPER)
-    (collect,) = _json_args(paper_dry_run, "collect", "--config")
-    assert flatten(collect) == flatten({k: v for k, v in study.items() if k not in ("analysis", "report")})
-    (sparsity,) = {json.dumps(c, sort_keys=True): c for c in _json_args(paper_dry_run, "sparsity", "--config")}.values()
-    assert sparsity["analysis"]["sparsity"] == study["analysis"]["sparsity"]
+    study, loaded = resolved(PAPER), load_config(PAPER)
+    (collect,) = _json_args(paper_dry_run, "collect", "--spec")
+    assert collect == {"run_dirs": [str(run_dir(loaded, r)) for r in runs(loaded)]}
+    sparsity = _json_args(paper_dry_run, "sparsity", "--spec")
+    assert sparsity and all(s["sparsity"] == study["analysis"]["sparsity"] and len(s["run_dirs"]) == 1 for s in sparsity)
+    for command, section in (("complexity", "complexity"), ("sparsity-analytic", None), ("geometry", "geometry"),
+                             ("bench throughput", "throughput")):
+        (spec,) = _json_args(paper_dry_run, command, "--spec")
+        assert (spec[section] if section else spec) == study["analysis"][section or "sparsity_analytic"], command
     specs = _json_args(paper_dry_run, "train", "--spec")
     assert len(specs) == len(runs(load_config(PAPER)))
     assert {(s["task"].split("/")[0], s["arch"], s["model"]["block"]) for s in specs if s["task"] == "wikitext2"} == {

@@ -1,8 +1,9 @@
 """`python -m seqmix <command>`: the one command line every Snakemake rule calls.
 
-Each command reads a study config (``--config``: a YAML file, or the JSON the Snakefile
-passes) or a job spec (``--spec``), calls one library function with its typed section,
-and writes files; nothing here holds results in memory between commands. Run
+Each command reads its job spec (``--spec``: the JSON the Snakefile passes, what that job
+reads and nothing else) or builds it from a study config (``--config``: a YAML file, or a
+JSON object), calls one library function with it, and writes files; nothing here holds
+results in memory between commands. Run
 ``python -m seqmix <command> --help`` for each command's options.
 
 This is the one module that reads environment variables (``read_environment``; a test keeps
@@ -120,27 +121,45 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def job_of(args, model, build):
+    """The job's spec: ``--spec`` as given, else built from ``--config`` by ``build``."""
+    return parse_spec(model, args.spec) if args.spec else build(load_config(args.config))
+
+
+def cmd_jobs(args) -> int:
+    from seqmix.dag import config_files, imported_sources, sha256_of
+    from seqmix.study import job_table
+
+    table = job_table(load_config(args.config, json.loads(args.overrides) if args.overrides else None))
+    # The files this table was made from, with digests: seqmix.dag reuses it while they hold.
+    read = [*config_files(args.config), *imported_sources()]
+    print(json.dumps({"jobs": table, "read": {str(p): sha256_of(p) for p in read}}))
+    return 0
+
+
 def cmd_collect(args) -> int:
     from seqmix.report.collect import collect
-    from seqmix.study import run_dir, runs
+    from seqmix.spec import CollectJob
+    from seqmix.study import collect_job
 
-    study = load_config(args.config)
+    job = job_of(args, CollectJob, collect_job)
     breakdown = Path(args.breakdown_out or Path(args.out).with_name("breakdown.csv"))
-    n = collect([run_dir(study, r) for r in runs(study)], Path(args.out), breakdown)
+    n = collect([Path(d) for d in job.run_dirs], Path(args.out), breakdown)
     print(f"wrote {n} runs to {args.out} and their breakdowns to {breakdown}")
     return 0
 
 
 def cmd_complexity(args) -> int:
     from seqmix.analysis.complexity import write_complexity
-    from seqmix.study import complexity_architectures
+    from seqmix.spec import ComplexityJob
+    from seqmix.study import complexity_job
 
-    study = load_config(args.config)
-    archs = args.arch or complexity_architectures(study)
+    job = job_of(args, ComplexityJob, complexity_job)
+    archs = args.arch or job.architectures
     beside = lambda suffix: Path(args.out).with_name(Path(args.out).stem + suffix)  # noqa: E731
     fit_out = Path(args.fit_out or beside("_fit.csv"))
     growth_out = Path(args.growth_out or beside("_growth.csv"))
-    n_rows, n_fits = write_complexity(archs, study.analysis.complexity, study.mixers, Path(args.out), fit_out,
+    n_rows, n_fits = write_complexity(archs, job.complexity, job.mixers, Path(args.out), fit_out,
                                       growth_out, device=args.device, threads=args.threads, progress=not args.quiet)
     print(f"wrote {n_rows} rows to {args.out}, {n_fits} fits to {fit_out} and growth per doubling to {growth_out}")
     return 0
@@ -148,11 +167,12 @@ def cmd_complexity(args) -> int:
 
 def cmd_sparsity(args) -> int:
     from seqmix.analysis.sparsity import write_sparsity
-    from seqmix.study import finished, sparsity_runs
+    from seqmix.spec import SparsityJob
+    from seqmix.study import sparsity_job
 
-    study = load_config(args.config)
-    dirs = [Path(args.run)] if args.run else finished(study, sparsity_runs(study))
-    n = write_sparsity(dirs, study.analysis.sparsity, Path(args.out), threads=args.threads)
+    job = job_of(args, SparsityJob, sparsity_job)
+    dirs = [Path(d) for d in ([args.run] if args.run else job.run_dirs)]
+    n = write_sparsity(dirs, job.sparsity, Path(args.out), threads=args.threads)
     print(f"wrote {n} rows to {args.out}")
     return 0
 
@@ -176,8 +196,9 @@ def cmd_concat(args) -> int:
 def cmd_sparsity_analytic(args) -> int:
     from seqmix.analysis.su import FIELDS, analytic_curves
     from seqmix.io import write_csv
+    from seqmix.sections import SparsityAnalyticSpec
 
-    rows = analytic_curves(load_config(args.config).analysis.sparsity_analytic)
+    rows = analytic_curves(job_of(args, SparsityAnalyticSpec, lambda study: study.analysis.sparsity_analytic))
     write_csv(args.out, rows, FIELDS)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
@@ -185,11 +206,11 @@ def cmd_sparsity_analytic(args) -> int:
 
 def cmd_geometry(args) -> int:
     from seqmix.analysis.geometry import write_geometry
-    from seqmix.study import finished, geometry_runs
+    from seqmix.spec import GeometryJob
+    from seqmix.study import finished, geometry_job
 
-    study = load_config(args.config)
-    n = write_geometry(finished(study, geometry_runs(study)), study.analysis.geometry, Path(args.out),
-                       threads=args.threads)
+    job = job_of(args, GeometryJob, geometry_job)
+    n = write_geometry(finished(job.run_dirs), job.geometry, Path(args.out), threads=args.threads)
     print(f"wrote {n} rows to {args.out}")
     return 0
 
@@ -207,16 +228,18 @@ def cmd_bench(args) -> int:
 
 
 def cmd_throughput(args) -> int:
-    from seqmix.bench.throughput import format_table, throughput_architectures, write_throughput
+    from seqmix.bench.throughput import format_table, write_throughput
+    from seqmix.spec import ThroughputJob
+    from seqmix.study import throughput_job
 
-    study = load_config(args.config)
-    spec = study.analysis.throughput
+    job = job_of(args, ThroughputJob, throughput_job)
+    spec = job.throughput
     if args.lengths:
         spec = spec.model_copy(update={"lengths": args.lengths})
     if args.threads:
         spec = spec.model_copy(update={"threads": args.threads})
     out = Path(args.out or "results/analysis/throughput.csv")
-    rows = write_throughput(args.arch or throughput_architectures(study), spec, study.mixers, out,
+    rows = write_throughput(args.arch or job.architectures, spec, job.mixers, out,
                             progress=not args.quiet)
     print(format_table(rows))
     print(f"wrote {len(rows)} rows to {out}")
@@ -299,6 +322,7 @@ def _add_analyses(sub) -> None:
     sp.add_argument("--out", default="results/analysis/complexity.csv")
     sp.add_argument("--fit-out", default=None, help="default: <out stem>_fit.csv beside --out")
     sp.add_argument("--growth-out", default=None, help="default: <out stem>_growth.csv beside --out")
+    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--arch", action="append", help="measure only this architecture (repeatable)")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
                     help="override analysis.complexity.device (e.g. cuda with --out results/bench/complexity-<gpu>.csv)")
@@ -306,14 +330,17 @@ def _add_analyses(sub) -> None:
     sp.add_argument("--quiet", action="store_true")
 
     sp = _add(sub, "sparsity", cmd_sparsity, "Su's sparsity of trained models' attention rows and Jacobians")
+    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--run", help="one run directory (default: every finished run the analysis measures)")
     sp.add_argument("--out", default="results/analysis/sparsity.csv")
     sp.add_argument("--threads", type=int, default=None)
 
     sp = _add(sub, "sparsity-analytic", cmd_sparsity_analytic, "Su's sparsity closed forms as curves (no training)")
+    sp.add_argument("--spec", help="analysis.sparsity_analytic as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--out", default="results/analysis/sparsity_analytic.csv")
 
     sp = _add(sub, "geometry", cmd_geometry, "Plücker and plane geometry of Grassmann runs, TSSA compression term")
+    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--out", default="results/analysis/geometry.csv")
     sp.add_argument("--threads", type=int, default=None)
 
@@ -321,6 +348,7 @@ def _add_analyses(sub) -> None:
               "kernels: Triton kernels vs references, SDPA and fla (GPU; CPU: smoke only); "
               "throughput: training tokens/s of every causal mixer's LM beside softmax (analysis.throughput)")
     sp.add_argument("what", choices=["kernels", "throughput"])
+    sp.add_argument("--spec", help="throughput only: the job spec as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--lengths", type=int, nargs="+", default=None,
                     help="L values (kernels: default 256..65536; throughput: analysis.throughput.lengths)")
     sp.add_argument("--out", default=None, help="CSV path (kernels: results/bench/kernels-<gpu>.csv; "
@@ -354,6 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add(sub, "runs", cmd_runs, "list the run directories the config trains")
 
+    sp = _add(sub, "jobs", cmd_jobs, "the validated study and every job's spec as JSON, with the files read to "
+              "make it (what the Snakefile builds its rules from; seqmix.dag caches it)")
+    sp.add_argument("--overrides", help="config keys over the file's, as a JSON object (snakemake's --config)")
+
     sp = _add(sub, "plan", cmd_plan, "what the study costs (runs, tokens, FLOPs, memory, H100 hours) and what "
               "would fail at its shapes")
     sp.add_argument("--mfu", type=float, default=0.05, help="assumed model FLOP utilisation (default 0.05)")
@@ -381,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True)
 
     sp = _add(sub, "collect", cmd_collect, "gather every run's metrics into one CSV (and breakdowns into another)")
+    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--out", default="results/summary/runs.csv")
     sp.add_argument("--breakdown-out", default=None, help="default: breakdown.csv beside --out")
 

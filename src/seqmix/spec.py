@@ -1,5 +1,7 @@
-"""What one job receives: the typed spec of a training run or of a data preparation,
-built once from the validated study (seqmix.study) and passed to the job as JSON.
+"""What one job receives: the typed spec of a training run, a data preparation or an
+analysis, built once from the validated study (seqmix.study) and passed to the job as JSON.
+Each spec holds what its job reads and nothing else, so that editing one part of a study
+reruns only the jobs that read it (Snakemake reruns a job whose params changed).
 
 Downstream code reads attributes (``spec.train.lr``), never ``.get(key, default)``: every
 default was filled when the config was validated (seqmix.config). A task's own settings
@@ -10,7 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqmix.sections import DataSpec, ModelSpec, Section, TokenizerSpec, TrainSpec
+from seqmix.sections import (
+    ComplexitySpec,
+    DataSpec,
+    GeometrySpec,
+    ModelSpec,
+    Section,
+    SparsitySpec,
+    ThroughputSpec,
+    TokenizerSpec,
+    TrainSpec,
+)
 
 
 class TokenizerJob(Section):
@@ -59,3 +71,39 @@ class RunSpec(Section):
     @property
     def label(self) -> str:
         return f"{self.task}/{self.arch}/seed{self.seed}"
+
+
+class CollectJob(Section):
+    """Gathering runs into runs.csv and breakdown.csv, one row per run in this order."""
+
+    run_dirs: list[str]
+
+
+class ComplexityJob(Section):
+    """Cost against sequence length of these mixers, with their configured options."""
+
+    architectures: list[str]
+    mixers: dict[str, dict[str, Any]]  # options of those of ``architectures`` the config sets
+    complexity: ComplexitySpec
+
+
+class ThroughputJob(Section):
+    """Training tokens/s of these mixers' language models beside softmax's."""
+
+    architectures: list[str]
+    mixers: dict[str, dict[str, Any]]  # options of those architectures and softmax, where set
+    throughput: ThroughputSpec
+
+
+class SparsityJob(Section):
+    """Su's sparsity of these runs (those that finished; a diverged run adds no rows)."""
+
+    run_dirs: list[str]
+    sparsity: SparsitySpec
+
+
+class GeometryJob(Section):
+    """Geometry of the finished runs among these whose mixer has one (Grassmann, TSSA)."""
+
+    run_dirs: list[str]
+    geometry: GeometrySpec

@@ -5,11 +5,15 @@ Names: a task is ``<kind>`` or ``<kind>/<variant>``; a task with a ``sweep`` bec
 task per grid point, ``<task>/<point>`` (e.g. ``mqar/L64-kv4/d64-lr0.001``), whose ``group``
 is the task it came from: the points of a sweep share the group's data directory. A
 result row carries the sweep's axes (``axes``) so that figures can pick the best point.
+
+``job_table`` is all of it as JSON: what `python -m seqmix jobs` prints and the Snakefile
+builds its rules from (seqmix.dag), each job with the spec it reads and nothing else.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,7 +21,16 @@ from seqmix import catalogue
 from seqmix.config import mixer_options, settings_of
 from seqmix.io import read_json
 from seqmix.sections import Study, TaskCommon
-from seqmix.spec import DataJob, RunSpec, TokenizerJob
+from seqmix.spec import (
+    CollectJob,
+    ComplexityJob,
+    DataJob,
+    GeometryJob,
+    RunSpec,
+    SparsityJob,
+    ThroughputJob,
+    TokenizerJob,
+)
 from seqmix.sweep import sweep_points
 from seqmix.tasks import task_class
 
@@ -75,13 +88,16 @@ def task_architectures(study: Study, v: Variant) -> list[str]:
     return list(archs)
 
 
-def runs(study: Study) -> list[Run]:
-    """Every (task, arch, seed) the study trains."""
-    out = []
+def _trained(study: Study) -> Iterator[tuple[Variant, str, int]]:
     for v in variants(study):
         for arch in task_architectures(study, v):
-            out += [Run(v.name, arch, seed) for seed in (v.section.seeds or study.seeds)]
-    return out
+            for seed in v.section.seeds or study.seeds:
+                yield v, arch, seed
+
+
+def runs(study: Study) -> list[Run]:
+    """Every (task, arch, seed) the study trains."""
+    return [Run(v.name, arch, seed) for v, arch, seed in _trained(study)]
 
 
 def run_dir(study: Study, run: Run) -> Path:
@@ -106,7 +122,11 @@ def needs_tokenizer(study: Study, group: str) -> bool:
 
 
 def run_spec(study: Study, task: str, arch: str, seed: int) -> RunSpec:
-    v = variant(study, task)
+    return _run_spec(study, variant(study, task), arch, seed)
+
+
+def _run_spec(study: Study, v: Variant, arch: str, seed: int) -> RunSpec:
+    task = v.name
     if arch not in task_architectures(study, v):
         raise KeyError(f"architecture {arch!r} does not train on {task!r}; it trains: "
                        f"{', '.join(task_architectures(study, v))}")
@@ -149,9 +169,9 @@ def run_status(path: Path) -> str:
     return read_json(path / "metrics.json", fix=f"train the run again (delete {path} and rerun the DAG)")["status"]
 
 
-def finished(study: Study, among: list[Run]) -> list[Path]:
-    """Run directories among ``among`` whose training finished (status ok)."""
-    return [d for d in (run_dir(study, r) for r in among) if run_status(d) == "ok"]
+def finished(run_dirs: list[str] | list[Path]) -> list[Path]:
+    """The run directories among ``run_dirs`` whose training finished (status ok)."""
+    return [Path(d) for d in run_dirs if run_status(Path(d)) == "ok"]
 
 
 def language_model_tasks(study: Study) -> list[str]:
@@ -187,3 +207,83 @@ def complexity_architectures(study: Study) -> list[str]:
     if chosen == "all":
         return catalogue.mixer_names()
     return list(chosen or study.architectures)
+
+
+def throughput_architectures(study: Study) -> list[str]:
+    """The architectures ``analysis.throughput.architectures`` names (null: the study's)."""
+    chosen = study.analysis.throughput.architectures
+    return catalogue.mixer_names() if chosen == "all" else list(chosen or study.architectures)
+
+
+# ------------------------------------------------------------------------------------------
+# Analysis job specs: each holds what its command reads, so that an edit elsewhere in the
+# study leaves it, and its results, alone.
+# ------------------------------------------------------------------------------------------
+
+
+def _options_of(study: Study, archs: list[str]) -> dict[str, dict[str, Any]]:
+    return {arch: options for arch, options in study.mixers.items() if arch in archs}
+
+
+def collect_job(study: Study) -> CollectJob:
+    return CollectJob(run_dirs=[str(run_dir(study, r)) for r in runs(study)])
+
+
+def complexity_job(study: Study) -> ComplexityJob:
+    archs = complexity_architectures(study)
+    return ComplexityJob(architectures=archs, mixers=_options_of(study, archs), complexity=study.analysis.complexity)
+
+
+def throughput_job(study: Study) -> ThroughputJob:
+    archs = throughput_architectures(study)  # softmax is timed too: the ratios are to it
+    return ThroughputJob(architectures=archs, mixers=_options_of(study, [*archs, catalogue.BASELINE]),
+                         throughput=study.analysis.throughput)
+
+
+def sparsity_job(study: Study, among: list[Run] | None = None) -> SparsityJob:
+    """The sparsity of the runs ``among`` (default: every run the analysis measures)."""
+    chosen = sparsity_runs(study) if among is None else among
+    return SparsityJob(run_dirs=[str(run_dir(study, r)) for r in chosen], sparsity=study.analysis.sparsity)
+
+
+def geometry_job(study: Study) -> GeometryJob:
+    return GeometryJob(run_dirs=[str(run_dir(study, r)) for r in geometry_runs(study)],
+                       geometry=study.analysis.geometry)
+
+
+# ------------------------------------------------------------------------------------------
+# The job table.
+# ------------------------------------------------------------------------------------------
+
+
+def job_table(study: Study) -> dict[str, Any]:
+    """The study as the Snakefile reads it (seqmix.dag): path patterns, every task, run and
+    analysis with its spec, and the resources each rule declares; plain JSON data. Specs
+    are the JSON text each command takes, as pydantic writes it (``--spec``)."""
+    tasks = {v.name: {"group": v.group, "threads": v.section.train.threads,
+                      "resources": {rule: (getattr(v.section.resources, rule) or getattr(study.resources, rule)).model_dump()
+                                    for rule in ("train", "eval")}}
+             for v in variants(study)}
+    collect, geometry = collect_job(study), geometry_job(study)
+    return {
+        "study": study.model_dump(mode="json"),
+        "paths": {"results": study.results_dir, "data": str(data_dir(study, "{group}")),
+                  "tokenizer": str(tokenizer_dir(study)), "run": str(run_dir(study, Run("{task}", "{arch}", "{seed}")))},
+        "resources": study.resources.model_dump(),
+        "tokenizer": {"spec": tokenizer_job(study).model_dump_json()},
+        "groups": {g: {"needs_tokenizer": needs_tokenizer(study, g), "spec": data_job(study, g).model_dump_json()}
+                   for g in groups(study)},
+        "tasks": tasks,
+        "runs": [{"task": v.name, "arch": arch, "seed": seed, "spec": _run_spec(study, v, arch, seed).model_dump_json()}
+                 for v, arch, seed in _trained(study)],
+        "analyses": {
+            "collect": {"spec": collect.model_dump_json(), "run_dirs": collect.run_dirs},
+            "complexity": {"spec": complexity_job(study).model_dump_json()},
+            "throughput": {"spec": throughput_job(study).model_dump_json()},
+            "sparsity_analytic": {"spec": study.analysis.sparsity_analytic.model_dump_json()},
+            "geometry": {"spec": geometry.model_dump_json(), "run_dirs": geometry.run_dirs},
+        },
+        # One sparsity job per run, whose spec names that run alone.
+        "sparsity_runs": [{"task": r.task, "arch": r.arch, "seed": r.seed,
+                           "spec": sparsity_job(study, [r]).model_dump_json()} for r in sparsity_runs(study)],
+    }

@@ -19,25 +19,22 @@ rule complexity:
         fit=f"{RESULTS}/analysis/complexity_fit.csv",
         growth=f"{RESULTS}/analysis/complexity_growth.csv",
     params:
-        cfg=lambda w: analysis_config("complexity"),
+        spec=lambda w: JOBS.spec("complexity"),
     log:
-        f"{RESULTS}/logs/analysis/complexity.log",
+        log_file("complexity"),
     benchmark:
         benchmark_file("complexity")
     resources:
-        mem_mb=resources_of("complexity").mem_mb,
-        runtime=resources_of("complexity").runtime,
-    # All cores: timings are taken with nothing else running; first, so that it does not
-    # wait for a moment when both cores are free at the end of the DAG. The claims are
-    # decided on the counts (deterministic); the timings are supporting evidence.
-    # One core: counting FLOPs and bytes is Python-bound (fake tensors), so it runs beside
-    # a training job; its wall times are shown beside the counts and decide nothing.
+        **resources_of("complexity"),
+    # One core, and first: counting FLOPs and bytes is Python-bound (fake tensors), so it
+    # runs beside the training jobs from the start instead of after them. The claims are
+    # decided on the counts (deterministic); its wall times are shown and decide nothing.
     threads: 1
     priority: 100
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix complexity --config {params.cfg:q} --threads {threads} "
+        "python -m seqmix complexity --spec {params.spec:q} --threads {threads} "
         "--out {output.csv:q} --fit-out {output.fit:q} --growth-out {output.growth:q} > {log:q} 2>&1"
 
 
@@ -46,14 +43,13 @@ rule throughput:
     output:
         f"{RESULTS}/analysis/throughput.csv",
     params:
-        cfg=lambda w: analysis_config("throughput"),
+        spec=lambda w: JOBS.spec("throughput"),
     log:
-        f"{RESULTS}/logs/analysis/throughput.log",
+        log_file("throughput"),
     benchmark:
         benchmark_file("throughput")
     resources:
-        mem_mb=resources_of("throughput").mem_mb,
-        runtime=resources_of("throughput").runtime,
+        **resources_of("throughput"),
     # One thread (analysis.throughput.threads, 1 by default): the table is tokens/s per core.
     # Whatever runs on the other cores loads every architecture alike, because the rounds
     # interleave them and the ratios to softmax are taken within a round.
@@ -61,45 +57,44 @@ rule throughput:
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix bench throughput --config {params.cfg:q} --quiet --out {output:q} > {log:q} 2>&1"
+        "python -m seqmix bench throughput --spec {params.spec:q} --quiet --out {output:q} > {log:q} 2>&1"
+
+
+SPARSITY_RUN = f"{RESULTS}/analysis/sparsity/{RUN}.csv"
 
 
 rule sparsity_run:
     # One job per trained run, so the Jacobians are computed while other runs still train.
     input:
-        f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/model.pt",
+        run_file("model.pt"),
     output:
-        f"{RESULTS}/analysis/sparsity/{{task}}/{{arch}}/seed{{seed}}.csv",
+        SPARSITY_RUN,
     params:
-        cfg=lambda w: analysis_config("sparsity"),
-        run=lambda w: run_path(w.task, w.arch, w.seed, ""),
+        spec=lambda w: JOBS.sparsity_spec(w.task, w.arch, w.seed),
     log:
-        f"{RESULTS}/logs/analysis/sparsity/{{task}}/{{arch}}/seed{{seed}}.log",
+        log_file("sparsity_run", RUN),
     benchmark:
-        benchmark_file("sparsity_run", "{task}", "{arch}", "seed{seed}")
+        benchmark_file("sparsity_run", RUN)
     resources:
-        mem_mb=resources_of("sparsity_run").mem_mb,
-        runtime=resources_of("sparsity_run").runtime,
+        **resources_of("sparsity_run"),
     threads: 1
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix sparsity --config {params.cfg:q} --threads {threads} "
-        "--run {params.run:q} --out {output:q} > {log:q} 2>&1"
+        "python -m seqmix sparsity --spec {params.spec:q} --threads {threads} --out {output:q} > {log:q} 2>&1"
 
 
 rule sparsity:
     input:
-        lambda w: [f"{RESULTS}/analysis/sparsity/{t}/{a}/seed{s}.csv" for t, a, s in sparsity_runs(STUDY)],
+        [SPARSITY_RUN.format(task=t, arch=a, seed=s) for t, a, s in JOBS.sparsity_runs()],
     output:
         f"{RESULTS}/analysis/sparsity.csv",
     log:
-        f"{RESULTS}/logs/analysis/sparsity.log",
+        log_file("sparsity"),
     benchmark:
         benchmark_file("sparsity")
     resources:
-        mem_mb=resources_of("small").mem_mb,
-        runtime=resources_of("small").runtime,
+        **resources_of("small"),
     conda:
         "../../envs/seqmix.yaml"
     shell:
@@ -110,38 +105,36 @@ rule sparsity_analytic:
     output:
         f"{RESULTS}/analysis/sparsity_analytic.csv",
     params:
-        cfg=lambda w: analysis_config("sparsity_analytic"),
+        spec=lambda w: JOBS.spec("sparsity_analytic"),
     log:
-        f"{RESULTS}/logs/analysis/sparsity_analytic.log",
+        log_file("sparsity_analytic"),
     benchmark:
         benchmark_file("sparsity_analytic")
     resources:
-        mem_mb=resources_of("small").mem_mb,
-        runtime=resources_of("small").runtime,
+        **resources_of("small"),
     threads: 1
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix sparsity-analytic --config {params.cfg:q} --out {output:q} > {log:q} 2>&1"
+        "python -m seqmix sparsity-analytic --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule geometry:
     # Every run of the task (the command keeps those whose mixer has a geometry).
     input:
-        lambda w: all_runs("model.pt", among=geometry_runs(STUDY)),
+        JOBS.run_files("model.pt", JOBS.geometry_runs()),
     output:
         f"{RESULTS}/analysis/geometry.csv",
     params:
-        cfg=lambda w: analysis_config("geometry"),
+        spec=lambda w: JOBS.spec("geometry"),
     log:
-        f"{RESULTS}/logs/analysis/geometry.log",
+        log_file("geometry"),
     benchmark:
         benchmark_file("geometry")
     resources:
-        mem_mb=resources_of("geometry").mem_mb,
-        runtime=resources_of("geometry").runtime,
+        **resources_of("geometry"),
     threads: 1
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix geometry --config {params.cfg:q} --threads {threads} --out {output:q} > {log:q} 2>&1"
+        "python -m seqmix geometry --spec {params.spec:q} --threads {threads} --out {output:q} > {log:q} 2>&1"

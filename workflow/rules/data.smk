@@ -2,17 +2,16 @@
 # The points of a sweep share their task's data (its "group").
 rule data_tokenizer:
     output:
-        f"{DATA}/tokenizer/manifest.json",
-        f"{DATA}/tokenizer/tokenizer.json",
+        JOBS.tokenizer_file("manifest.json"),
+        JOBS.tokenizer_file("tokenizer.json"),
     params:
-        spec=lambda w: tokenizer_job(STUDY).model_dump_json(),
+        spec=lambda w: JOBS.tokenizer_spec(),
     log:
-        f"{RESULTS}/logs/data/tokenizer.log",
+        log_file("data_tokenizer"),
     benchmark:
         benchmark_file("data_tokenizer")
     resources:
-        mem_mb=resources_of("data").mem_mb,
-        runtime=resources_of("data").runtime,
+        **resources_of("data"),
     conda:
         "../../envs/seqmix.yaml"
     shell:
@@ -21,18 +20,17 @@ rule data_tokenizer:
 
 rule data_task:
     input:
-        data_inputs,
+        lambda w: [JOBS.tokenizer_file("manifest.json")] if JOBS.needs_tokenizer(w.group) else [],
     output:
-        f"{DATA}/{{group}}/manifest.json",
+        JOBS.data_file("manifest.json"),
     params:
-        spec=lambda w: data_job(STUDY, w.group).model_dump_json(),
+        spec=lambda w: JOBS.data_spec(w.group),
     log:
-        f"{RESULTS}/logs/data/{{group}}.log",
+        log_file("data_task", "{group}"),
     benchmark:
         benchmark_file("data_task", "{group}")
     resources:
-        mem_mb=resources_of("data").mem_mb,
-        runtime=resources_of("data").runtime,
+        **resources_of("data"),
     conda:
         "../../envs/seqmix.yaml"
     shell:

@@ -1,25 +1,25 @@
 # Report: each notebook (papermill) writes its figures and tables; latexmk builds the PDF.
 # Any figure or table is a target of its own: `snakemake --cores all paper/figures/<name>.pdf`.
-for _name in NOTEBOOKS:
+# The notebooks' rules come from notebooks/outputs.yaml (NOTEBOOKS: seqmix.dag.Notebook).
+for _name, _nb in NOTEBOOKS.items():
 
     rule:
         name:
             f"notebook_{_name}"
         input:
             notebook=str(SRC / "notebooks" / f"{_name}.ipynb"),
-            results=notebook_inputs(_name),
+            results=_nb.inputs,
         output:
-            outputs=notebook_outputs_for_report(_name),
+            outputs=flagged_for_report(_nb),
             executed=f"{RESULTS}/notebooks/{_name}.ipynb",
         params:
-            papermill=notebook_params(_name),
+            papermill=_nb.papermill_args(),
         log:
-            f"{RESULTS}/logs/notebooks/{_name}.log",
+            log_file("notebook", _name),
         benchmark:
             benchmark_file("notebook", _name)
         resources:
-            mem_mb=resources_of("notebook").mem_mb,
-            runtime=resources_of("notebook").runtime,
+            **resources_of("notebook"),
         conda:
             "../../envs/seqmix.yaml"
         shell:
@@ -36,19 +36,18 @@ rule report:
     input:
         main=str(SRC / "paper" / "report.tex"),
         sources=REPORT_SOURCES,
-        generated=[f for name in NOTEBOOKS for f in notebook_outputs(name)],
+        generated=[f for nb in NOTEBOOKS.values() for f in nb.outputs],
     output:
         report("paper/report.pdf", caption=str(SRC / "workflow" / "report" / "report.rst"), category="report"),
     params:
         # The sources' folder; with // TeX searches its subfolders (sections/) too.
         texinputs=lambda w, input: str(Path(input.main).parent) + "//",
     log:
-        f"{RESULTS}/logs/report.log",
+        log_file("report"),
     benchmark:
         benchmark_file("report")
     resources:
-        mem_mb=resources_of("report").mem_mb,
-        runtime=resources_of("report").runtime,
+        **resources_of("report"),
     # The Python side of the environment; latexmk and TeX Live come from the system (the
     # Makefile installs Debian's packages), in a conda run too.
     conda:

@@ -3,22 +3,21 @@
 # the outputs of a killed job, and the rerun resumes from the checkpoint.
 rule train:
     input:
-        lambda w: f"{DATA}/{group_of(w.task)}/manifest.json",
+        lambda w: JOBS.data_file("manifest.json", JOBS.group_of(w.task)),
     output:
-        metrics=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/metrics.json",
-        model=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/model.pt",
-        log_csv=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/log.csv",
-        provenance=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/provenance.json",
-        config=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/config.json",
+        metrics=run_file("metrics.json"),
+        model=run_file("model.pt"),
+        log_csv=run_file("log.csv"),
+        provenance=run_file("provenance.json"),
+        config=run_file("config.json"),
     params:
-        spec=lambda w: run_spec(STUDY, w.task, w.arch, int(w.seed)).model_dump_json(),
+        spec=lambda w: JOBS.run_spec(w.task, w.arch, w.seed),
     log:
-        f"{RESULTS}/logs/train/{{task}}/{{arch}}/seed{{seed}}.log",
+        log_file("train", RUN),
     benchmark:
-        benchmark_file("train", "{task}", "{arch}", "seed{seed}")
+        benchmark_file("train", RUN)
     resources:
-        mem_mb=lambda w: task_resources("train")(w).mem_mb,
-        runtime=lambda w: task_resources("train")(w).runtime,
+        **resources_of("train"),
     threads: train_threads
     conda:
         "../../envs/seqmix.yaml"
@@ -28,19 +27,18 @@ rule train:
 
 rule eval:
     input:
-        metrics=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/metrics.json",
-        model=f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/model.pt",
+        metrics=run_file("metrics.json"),
+        model=run_file("model.pt"),
     output:
-        f"{RESULTS}/runs/{{task}}/{{arch}}/seed{{seed}}/eval.json",
+        run_file("eval.json"),
     params:
-        run=lambda w: run_path(w.task, w.arch, w.seed, ""),
+        run=lambda w: run_file("", w.task, w.arch, w.seed),  # the run directory
     log:
-        f"{RESULTS}/logs/eval/{{task}}/{{arch}}/seed{{seed}}.log",
+        log_file("eval", RUN),
     benchmark:
-        benchmark_file("eval", "{task}", "{arch}", "seed{seed}")
+        benchmark_file("eval", RUN)
     resources:
-        mem_mb=lambda w: task_resources("eval")(w).mem_mb,
-        runtime=lambda w: task_resources("eval")(w).runtime,
+        **resources_of("eval"),
     threads: train_threads
     conda:
         "../../envs/seqmix.yaml"
@@ -50,21 +48,20 @@ rule eval:
 
 rule collect:
     input:
-        all_runs("metrics.json") + all_runs("eval.json"),
+        JOBS.run_files("metrics.json") + JOBS.run_files("eval.json"),
     output:
         runs=f"{RESULTS}/summary/runs.csv",
         breakdown=f"{RESULTS}/summary/breakdown.csv",
     params:
-        cfg=lambda w: study_config(),
+        spec=lambda w: JOBS.spec("collect"),
     log:
-        f"{RESULTS}/logs/collect.log",
+        log_file("collect"),
     benchmark:
         benchmark_file("collect")
     resources:
-        mem_mb=resources_of("small").mem_mb,
-        runtime=resources_of("small").runtime,
+        **resources_of("small"),
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix collect --config {params.cfg:q} --out {output.runs:q} "
+        "python -m seqmix collect --spec {params.spec:q} --out {output.runs:q} "
         "--breakdown-out {output.breakdown:q} > {log:q} 2>&1"

@@ -57,12 +57,6 @@ FIELDS = ["arch", "device", "device_name", "threads", "d_model", "n_layers", "d_
 BASELINE = catalogue.BASELINE
 
 
-def throughput_architectures(study) -> list[str]:
-    """The architectures ``analysis.throughput.architectures`` names (null: the study's)."""
-    chosen = study.analysis.throughput.architectures
-    return catalogue.mixer_names() if chosen == "all" else list(chosen or study.architectures)
-
-
 def causal_architectures(archs: list[str]) -> list[str]:
     """The causal ones among ``archs``, softmax first (added when missing), in catalogue order."""
     causal = [m.name for m in catalogue.MIXERS if m.causal]

@@ -1,0 +1,319 @@
+"""The study as the Snakefile sees it, without importing torch.
+
+``load`` returns the job table of `python -m seqmix jobs` (the validated study, every job's
+spec, the path patterns and each rule's resources: ``seqmix.study.job_table``). The table is
+made in a subprocess, which imports the task and mixer classes (torch), and cached under
+``.snakemake/seqmix/`` with the digests of every file that made it (the config files, the
+seqmix sources and any user package it imported): while they are unchanged, parsing the
+Snakefile again (a dry run, each SLURM job on its node) reads one JSON file.
+
+Everything here is standard library and PyYAML, like seqmix.catalogue.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import shlex
+import site
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from seqmix import REPO_ROOT
+
+SRC = Path(__file__).resolve().parents[1]  # the src/ this seqmix was imported from
+CACHE_DIR = Path(".snakemake") / "seqmix"  # in Snakemake's working directory
+KEEP = 8  # tables kept in the cache, the most recently made ones
+
+
+class StudyError(Exception):
+    """The study could not be resolved; the message is what the resolver printed
+    (``error: ...`` naming the file or key and the fix, for a bad config)."""
+
+
+# ------------------------------------------------------------------------------------------
+# Resolving and caching.
+# ------------------------------------------------------------------------------------------
+
+
+def load(config: Mapping[str, Any], configfiles: Sequence[str | os.PathLike] = (),
+         cache_dir: str | os.PathLike = CACHE_DIR) -> Jobs:
+    """The job table of the study Snakemake was given: the last of ``configfiles`` (its
+    ``extends`` resolved; none: config/config.yaml) with ``config`` on top (what Snakemake
+    merged from those files and ``--config``). A profile is that one file plus the defaults."""
+    overrides = {k: v for k, v in config.items() if k != "extends"}
+    command = [sys.executable, "-m", "seqmix", "jobs"]
+    if configfiles:
+        command += ["--config", str(Path(configfiles[-1]).resolve())]
+    if overrides:
+        command += ["--overrides", json.dumps(overrides, default=str)]
+    # What could make another table from the same files: the request, the interpreter,
+    # which seqmix and which packages it finds, and seqmix's settings in the environment.
+    environment = {k: v for k, v in sorted(os.environ.items()) if k == "PYTHONPATH" or k.startswith("SEQMIX_")}
+    key = hashlib.sha256(json.dumps([command, str(SRC), environment]).encode()).hexdigest()[:20]
+    path = Path(cache_dir) / f"jobs-{key}.json"
+    made = _cached(path)
+    if made is None:
+        made = _resolve(command)
+        _store(path, made)
+    return Jobs(made["jobs"])
+
+
+def _cached(path: Path) -> dict | None:
+    """The stored table, if every file it was made from still has its digest."""
+    try:
+        made = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not all(sha256_of(f) == digest for f, digest in made.get("read", {}).items()):
+        return None
+    return made
+
+
+def _resolve(command: list[str]) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise StudyError(proc.stderr.strip() or f"{shlex.join(command[:4])} failed (exit status {proc.returncode})")
+    try:  # the table is the last line; anything printed before it is not ours
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise StudyError(f"{shlex.join(command[:4])} printed no job table: {proc.stdout[-500:]!r}") from None
+
+
+def _store(path: Path, made: dict) -> None:
+    # Atomic, so that concurrent parses (SLURM jobs starting together) read a whole table.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(made))
+    os.replace(tmp, path)
+    for old in sorted(path.parent.glob("jobs-*.json"), key=_made_at)[:-KEEP]:
+        old.unlink(missing_ok=True)
+
+
+def _made_at(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile by another parse
+        return 0.0
+
+
+def sha256_of(path: str | os.PathLike) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def config_files(config: str | os.PathLike) -> list[Path]:
+    """The config file and those it ``extends``, in order (none for a JSON object)."""
+    if str(config).lstrip().startswith("{"):
+        return []
+    files: list[Path] = []
+    path = Path(config).resolve()
+    while path not in files and path.exists():
+        files.append(path)
+        base = (yaml.safe_load(path.read_text()) or {}).get("extends")
+        if not isinstance(base, str):
+            break
+        path = (path.parent / base).resolve()
+    return files
+
+
+def imported_sources() -> list[Path]:
+    """The files of the modules this process imported, but for the standard library and
+    installed packages (site-packages): seqmix itself, and a user's own mixers or tasks."""
+    libraries = {Path(paths[k]).resolve() for paths in (sysconfig.get_paths(), sysconfig.get_paths(
+                 vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix}))
+                 for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    libraries |= {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    files = {Path(f).resolve() for m in list(sys.modules.values())
+             if isinstance(f := getattr(m, "__file__", None), str) and os.path.isabs(f) and os.path.isfile(f)}
+    return sorted(f for f in files if f.is_relative_to(SRC) or not any(f.is_relative_to(p) for p in libraries))
+
+
+def shell_prefix() -> str:
+    """Snakemake's shell prefix: strict bash, and this seqmix first on PYTHONPATH, so that
+    every job runs the code that resolved its spec."""
+    src = shlex.quote(str(SRC)).replace("{", "{{").replace("}", "}}")  # the prefix is formatted
+    return f"set -euo pipefail; export PYTHONPATH={src}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; "
+
+
+# ------------------------------------------------------------------------------------------
+# The table, as the rules read it.
+# ------------------------------------------------------------------------------------------
+
+
+class Jobs:
+    """One study's jobs: paths, specs (as the JSON each command takes) and resources.
+
+    Path patterns keep Snakemake's wildcards: ``run_file("model.pt")`` is
+    ``<results>/runs/{task}/{arch}/seed{seed}/model.pt`` (seqmix.study.run_dir)."""
+
+    def __init__(self, table: dict[str, Any]):
+        self.table = table
+        self.results: str = table["paths"]["results"]
+        self._runs = {(r["task"], r["arch"], str(r["seed"])): r for r in table["runs"]}
+        self._sparsity = {(r["task"], r["arch"], str(r["seed"])): r for r in table["sparsity_runs"]}
+
+    # -- names and paths ---------------------------------------------------------------------
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.table["tasks"])
+
+    @property
+    def groups(self) -> list[str]:
+        return list(self.table["groups"])
+
+    def run_file(self, name: str, task: str = "{task}", arch: str = "{arch}", seed: str | int = "{seed}") -> str:
+        run = self.table["paths"]["run"].replace("{task}", task).replace("{arch}", arch)
+        return f"{run.replace('{seed}', str(seed))}/{name}"
+
+    def run_files(self, name: str, run_dirs: list[str] | None = None) -> list[str]:
+        """That file of every run (in the study's order), or of each of ``run_dirs``."""
+        dirs = self.table["analyses"]["collect"]["run_dirs"] if run_dirs is None else run_dirs
+        return [f"{d}/{name}" for d in dirs]
+
+    def data_file(self, name: str, group: str = "{group}") -> str:
+        return f"{self.table['paths']['data'].replace('{group}', group)}/{name}"
+
+    def tokenizer_file(self, name: str) -> str:
+        return f"{self.table['paths']['tokenizer']}/{name}"
+
+    def log_file(self, rule: str, job: str = "") -> str:
+        """``<results>/logs/<rule>[/<job>].log``: beside its benchmark, at the same name."""
+        return f"{self.results}/logs/{rule}{'/' + job if job else ''}.log"
+
+    def benchmark_file(self, rule: str, job: str = "") -> str:
+        """Snakemake's benchmark of a job (wall time, peak memory), read per rule by
+        `python -m seqmix benchmarks`."""
+        return f"{self.results}/benchmarks/{rule}{'/' + job if job else ''}.tsv"
+
+    # -- what each job reads -----------------------------------------------------------------
+
+    def group_of(self, task: str) -> str:
+        return self.table["tasks"][task]["group"]
+
+    def needs_tokenizer(self, group: str) -> bool:
+        return self.table["groups"][group]["needs_tokenizer"]
+
+    def threads(self, task: str) -> int | None:
+        """A task's ``train.threads`` (None: as many as Snakemake gives)."""
+        return self.table["tasks"][task]["threads"]
+
+    def tokenizer_spec(self) -> str:
+        return self.table["tokenizer"]["spec"]
+
+    def data_spec(self, group: str) -> str:
+        return self.table["groups"][group]["spec"]
+
+    def run_spec(self, task: str, arch: str, seed: str | int) -> str:
+        return self._runs[(task, arch, str(seed))]["spec"]
+
+    def spec(self, analysis: str) -> str:
+        """The spec of a one-job analysis: collect, complexity, throughput,
+        sparsity_analytic or geometry."""
+        return self.table["analyses"][analysis]["spec"]
+
+    def sparsity_spec(self, task: str, arch: str, seed: str | int) -> str:
+        return self._sparsity[(task, arch, str(seed))]["spec"]
+
+    def sparsity_runs(self) -> list[tuple[str, str, int]]:
+        return [(r["task"], r["arch"], r["seed"]) for r in self.table["sparsity_runs"]]
+
+    def geometry_runs(self) -> list[str]:
+        """The run directories the geometry job reads (it measures those that finished)."""
+        return self.table["analyses"]["geometry"]["run_dirs"]
+
+    def resources(self, rule: str) -> dict[str, Any]:
+        """``mem_mb`` and ``runtime`` of a rule's jobs, from the config's ``resources``;
+        training and evaluation take their task's own where it sets them."""
+        if rule in ("train", "eval"):
+            return {k: (lambda w, k=k: self.table["tasks"][w.task]["resources"][rule][k]) for k in ("mem_mb", "runtime")}
+        return dict(self.table["resources"][rule])
+
+    def setting(self, key: str) -> Any:
+        """A setting of the resolved study by its dotted key, e.g. ``report.scope``."""
+        value: Any = self.table["study"]
+        for part in key.split("."):
+            if not isinstance(value, Mapping) or part not in value:
+                raise KeyError(f"config key {key!r} is not a setting of the study")
+            value = value[part]
+        return value
+
+    def study(self):
+        """The typed, validated study (seqmix.sections.Study). This imports the config
+        models, hence torch: for what runs once before the jobs (preflight), not for parsing."""
+        from seqmix.config import validate_config
+
+        return validate_config(self.table["study"], source="the resolved study")
+
+    # -- notebooks ---------------------------------------------------------------------------
+
+    def notebooks(self, path: str | os.PathLike = REPO_ROOT / "notebooks" / "outputs.yaml") -> dict[str, Notebook]:
+        """Every notebook of ``notebooks/outputs.yaml`` with its references resolved."""
+        spec = yaml.safe_load(Path(path).read_text())
+        out = {}
+        for name, nb in spec.items():
+            where = f"{path}: {name}"
+            inputs = []
+            for ref in nb.get("inputs", []):
+                found = self.reference(ref, f"{where}.inputs")
+                inputs += found if isinstance(found, list) else [found]
+            params = {"results_dir": self.results, "paper_dir": "paper"}
+            for key, ref in nb.get("params", {}).items():
+                value = self.reference(ref, f"{where}.params.{key}", param=True)
+                if isinstance(value, list):
+                    raise StudyError(f"error: {where}.params.{key}: {ref!r} names several files; a parameter takes one")
+                params[key] = value
+            out[name] = Notebook(name, inputs, params, [f"paper/figures/{f}.pdf" for f in nb.get("figures", [])],
+                                 [f"paper/tables/{t}.tex" for t in nb.get("tables", [])])
+        return out
+
+    def reference(self, ref: str, where: str = "notebooks/outputs.yaml", param: bool = False) -> str | list[str]:
+        """What a reference of notebooks/outputs.yaml names (its header has the syntax):
+        a path or a list of paths; a setting's value for a parameter (``param``)."""
+        kind, _, rest = ref.partition(":") if REFERENCE_PREFIX.match(ref) else ("", "", ref)
+        if kind == "":
+            return f"{self.results}/{ref}"
+        if kind == "runs":
+            return self.run_files(rest)
+        if kind == "src":
+            return sorted(str(p) for p in REPO_ROOT.glob(rest)) if glob.has_magic(rest) else str(REPO_ROOT / rest)
+        if kind == "config" and param:
+            try:
+                return str(self.setting(rest))
+            except KeyError as e:
+                raise StudyError(f"error: {where}: {e.args[0]}") from None
+        raise StudyError(f"error: {where}: {ref!r} is not a reference; write <file under results_dir>, "
+                         "runs:<file>, src:<path> or (a parameter only) config:<key>")
+
+
+REFERENCE_PREFIX = re.compile(r"^[a-z]+:")
+
+
+@dataclass(frozen=True)
+class Notebook:
+    name: str
+    inputs: list[str]
+    params: dict[str, str]  # papermill parameters
+    figures: list[str]
+    tables: list[str]
+
+    @property
+    def outputs(self) -> list[str]:
+        return self.figures + self.tables
+
+    def papermill_args(self) -> str:
+        return " ".join(f"-p {k} {shlex.quote(v)}" for k, v in self.params.items())
