@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from seqmix import catalogue
+from seqmix import catalogue, mixers
 from seqmix.io import write_csv
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.sections import ThroughputSpec
@@ -61,7 +61,7 @@ def throughput_architectures(study) -> list[str]:
 
 def causal_architectures(archs: list[str]) -> list[str]:
     """The causal ones among ``archs``, softmax first (added when missing), in catalogue order."""
-    causal = [m.name for m in catalogue.MIXERS if m.causal]
+    causal = [m.name for m in catalogue.MIXERS if mixers.mixer_class(m.name).supports_causal]
     chosen = set(archs) | {BASELINE}
     return [BASELINE] + [a for a in causal if a in chosen and a != BASELINE]
 
