@@ -53,6 +53,29 @@ def mirror() -> Path:
     return path
 
 
+# Every mixer's small options for tests: fp64 property checks and full Jacobians stay fast
+# (test_mixers.py, test_mixer_contracts.py, test_analysis_measured.py); every other option
+# is the default. A new mixer whose defaults are slow in fp64 adds a line here.
+TINY_OPTIONS: dict[str, dict] = {
+    "softmax": {"n_heads": 2},
+    "grassmann": {"rank": 5, "offsets": (1, 2, 3)},
+    # Chunks, windows and blocks smaller than the test lengths, so that the fast paths
+    # cross chunk boundaries and end on a partial chunk.
+    "linear": {"n_heads": 2, "chunk_size": 4},
+    "performer": {"n_heads": 2, "chunk_size": 4, "feature_seed": 0},
+    "sliding_window": {"n_heads": 2, "window": 3, "n_global": 1},
+    "bigbird": {"n_heads": 2, "block_size": 2, "n_random": 1, "seed": 0},
+    "linformer": {"n_heads": 2, "k": 4},
+    "crate": {"n_heads": 2},
+    # Chunks smaller than the test lengths (and GLA's sub-chunks smaller than its chunk),
+    # so that the chunked forms cross chunk boundaries and end on a partial chunk.
+    "gla": {"n_heads": 2, "chunk_size": 4, "gate_low_rank_dim": 4},
+    "h3": {"d_state": 4, "head_dim": 2},
+    "mamba": {"d_state": 4, "chunk_size": 4},
+    "tssa": {"n_heads": 2},
+}
+
+
 def tiny_config(root: Path, mirror: Path | None, archs=("softmax", "grassmann"), seeds=(0,)) -> dict:
     """A complete config sized for tests: seconds per run on one CPU core."""
     model = {"d_model": 16, "n_layers": 1, "dropout": 0.0, "budget": {"params": None}}

@@ -19,23 +19,9 @@ from seqmix.analysis.jacobian import effective_attention, effective_attention_re
 from seqmix.analysis.sparsity import FIELDS, model_sparsity, row_stats, su_sparsity
 from seqmix.models.lm import CausalLM, LMConfig
 
+from .conftest import TINY_OPTIONS
+
 D = 8
-# Small options so the full fp64 Jacobian stays cheap (as in test_mixers.py); a mixer whose
-# options have changed since is built with its defaults instead.
-TINY: dict[str, dict] = {
-    "softmax": {"n_heads": 2},
-    "grassmann": {"rank": 4, "offsets": (1, 3)},
-    "linear": {"n_heads": 2, "chunk_size": 4},
-    "performer": {"n_heads": 2, "chunk_size": 4, "feature_seed": 0},
-    "sliding_window": {"n_heads": 2, "window": 3, "n_global": 1},
-    "bigbird": {"n_heads": 2, "block_size": 2, "n_random": 1, "seed": 0},
-    "linformer": {"n_heads": 2, "k": 4},
-    "crate": {"n_heads": 2},
-    "gla": {"n_heads": 2, "chunk_size": 4, "gate_low_rank_dim": 4},
-    "h3": {"d_state": 4, "head_dim": 2},
-    "mamba": {"d_state": 4, "chunk_size": 4},
-    "tssa": {"n_heads": 2},
-}
 
 
 class FixedMix(nn.Module):
@@ -59,10 +45,7 @@ def causal_average(L: int) -> torch.Tensor:
 def tiny_mixer(name: str) -> mixers.Mixer:
     torch.manual_seed(0)
     cls = mixers.mixer_class(name)
-    try:
-        m = mixers.build(name, D, causal=cls.supports_causal, max_len=12, **TINY.get(name, {}))
-    except mixers.MixerOptionsError:
-        m = mixers.build(name, D, causal=cls.supports_causal, max_len=12)
+    m = mixers.build(name, D, causal=cls.supports_causal, max_len=12, **TINY_OPTIONS.get(name, {}))
     return m.double().eval()
 
 
@@ -150,7 +133,7 @@ def test_softmax_jacobian_is_not_its_attention():
 def test_model_sparsity_rows(name):
     torch.manual_seed(0)
     model = CausalLM(LMConfig(arch=name, vocab_size=50, max_len=12, d_model=8, n_layers=2,
-                              mixer_options=TINY.get(name, {})))
+                              mixer_options=TINY_OPTIONS.get(name, {})))
     seqs = torch.randint(0, 50, (3, 12))
     rows = model_sparsity(model, seqs, min_row_len=4, jacobian_sequences=2, chunk=32)
     assert all(set(r) <= set(FIELDS) for r in rows)
@@ -160,7 +143,7 @@ def test_model_sparsity_rows(name):
     assert all(r["rows"] == 2 * (12 - 4 + 1) and r["sequences"] == 2 for r in jac)
     assert all(0 < r["S_mean"] <= 1 for r in rows)
     if mixers.mixer_class(name).has_scores:
-        assert len(att) == 2 * TINY[name]["n_heads"] and all(r["rows"] == 3 * 9 for r in att)
+        assert len(att) == 2 * TINY_OPTIONS[name]["n_heads"] and all(r["rows"] == 3 * 9 for r in att)
     else:
         assert att == []
 
@@ -168,7 +151,7 @@ def test_model_sparsity_rows(name):
 def test_jacobian_positions_take_exact_rows_at_fewer_queries():
     torch.manual_seed(0)
     model = CausalLM(LMConfig(arch="grassmann", vocab_size=50, max_len=12, d_model=8, n_layers=1,
-                              mixer_options=TINY.get("grassmann", {})))
+                              mixer_options=TINY_OPTIONS.get("grassmann", {})))
     seqs = torch.randint(0, 50, (2, 12))
     full = model_sparsity(model, seqs, min_row_len=4, jacobian_sequences=2, chunk=32)
     some = model_sparsity(model, seqs, min_row_len=4, jacobian_sequences=2, chunk=32, jacobian_positions=3)
@@ -187,7 +170,7 @@ def test_model_sparsity_reads_a_noncausal_pair_classifier():
 
     torch.manual_seed(0)
     model = PairClassifier(ClassifierConfig(arch="linformer", vocab_size=50, max_len=10, d_model=8, n_layers=2,
-                                            mixer_options=TINY["linformer"]))
+                                            mixer_options=TINY_OPTIONS["linformer"]))
     ids = torch.randint(0, 50, (3, 10))
     seg = (torch.arange(10) >= 6).long().expand(3, 10)
     rows = model_sparsity(model, (ids, seg, torch.ones_like(ids, dtype=torch.bool)), min_row_len=4,
@@ -201,7 +184,6 @@ def test_model_sparsity_reads_a_noncausal_pair_classifier():
 def test_sparsity_measures_every_architecture_of_the_quick_config():
     import yaml
 
-    from seqmix import catalogue
     from seqmix.config import validate_config
     from seqmix.study import sparsity_runs
 
@@ -212,7 +194,7 @@ def test_sparsity_measures_every_architecture_of_the_quick_config():
     measured = sparsity_runs(study)
     assert {r.arch for r in measured} == set(study.architectures)
     tasks = study.analysis.sparsity.tasks
-    assert all(r.task in tasks for r in measured if catalogue.mixer_entry(r.arch).causal)
+    assert all(r.task in tasks for r in measured if mixers.mixer_class(r.arch).supports_causal)
     # The quick profile trains causal mixers only; with a non-causal one (Linformer) and an
     # encoder task (SNLI) added, the non-causal mixer is measured on its SNLI runs (the
     # fallback task), and only then.
@@ -220,7 +202,7 @@ def test_sparsity_measures_every_architecture_of_the_quick_config():
     raw["tasks"]["snli"] = {"train_file": "train_sample_1pct"}
     study = validate_config(raw)
     measured = sparsity_runs(study)
-    noncausal = {r.arch for r in measured if not catalogue.mixer_entry(r.arch).causal}
+    noncausal = {r.arch for r in measured if not mixers.mixer_class(r.arch).supports_causal}
     assert noncausal == {"linformer"} and {(r.task, r.seed) for r in measured if r.arch in noncausal} == {
         ("snli", s) for s in study.seeds}
     without = study.model_copy(update={"analysis": study.analysis.model_copy(update={
@@ -267,7 +249,7 @@ def test_row_stats_measures_only_the_scored_rows():
 def test_model_sparsity_at_scored_rows_computes_only_their_jacobians():
     torch.manual_seed(0)
     model = CausalLM(LMConfig(arch="softmax", vocab_size=50, max_len=12, d_model=8, n_layers=1,
-                              mixer_options=TINY["softmax"]))
+                              mixer_options=TINY_OPTIONS["softmax"]))
     seqs = torch.randint(0, 50, (2, 12))
     scored = torch.zeros(2, 12, dtype=torch.bool)
     scored[0, 9], scored[1, 4], scored[1, 11] = True, True, True

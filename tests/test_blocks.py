@@ -340,15 +340,20 @@ def test_dropout_acts_only_in_training():
     torch.testing.assert_close(block.eval()(x), b2(x))
 
 
-def test_the_readme_says_which_block_each_architecture_trains_in():
-    """The README's table of blocks is the catalogue's (a changed block shows here)."""
+def test_the_readmes_table_of_blocks_is_the_catalogues():
+    """The README's table of blocks (between its markers, written by `python -m seqmix mixers
+    --readme README.md`) says of each mixer it lists what the catalogue says: a changed block
+    or reason shows here. A mixer catalogued since the table was written is only not listed
+    yet, as in the plan table, not a failure."""
+    from seqmix.report.mixer_table import README_MARKERS, blocks_markdown
+
     from .conftest import REPO
 
     text = (REPO / "README.md").read_text()
-    table = text[text.index("### Blocks"):text.index("### What it costs")]
-    rows = {}
-    for line in table.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 3 and cells[1] in catalogue.BLOCKS:
-            rows[cells[0]] = cells[1]
-    assert rows == {m.label: m.block for m in catalogue.MIXERS}
+    begin, end = README_MARKERS
+    table = text[text.index(begin) + len(begin):text.index(end)].strip().splitlines()
+    generated = blocks_markdown().strip().splitlines()
+    assert table[:2] == generated[:2], "the table's header"
+    assert table[2:], "the README lists no mixer"
+    assert [row for row in generated if row in table[2:]] == table[2:], (
+        "the README's rows differ from the catalogue's: python -m seqmix mixers --readme README.md")

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from seqmix.report.claims import KINDS, evaluate_claims, judge
+from seqmix.report.claims import EVALUATORS, evaluate_claims, judge
 
 BASE = {"claim": "a claim", "source": "a paper", "reported": "a number", "requires": {}}
 
@@ -52,7 +52,7 @@ def evaluate(tmp_path, claims: list[dict], runs: list[dict] | None = None, **tab
 def test_every_kind_has_a_test_here():
     tested = {"relative_gap", "accuracy_difference", "metric_threshold", "complexity_exponent", "su_closed_form",
               "measured_sparsity", "width_to_reach", "recall_beyond_reach"}
-    assert set(KINDS) == tested, "a new claim kind needs its tests in this module"
+    assert set(EVALUATORS) == tested, "a new claim kind needs its tests in this module"
 
 
 # --- judge: the verdict of a value and its interval -------------------------------------------

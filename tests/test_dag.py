@@ -262,14 +262,14 @@ def implied_runs(raw: dict) -> int:
     """Runs a config file trains, counted from the file itself: per task, its (or the
     study's) architectures, without the non-causal-only ones on a language-model task,
     times its sweep's grid points, times its (or the study's) seeds."""
-    from seqmix import catalogue
+    from seqmix.mixers import mixer_class
     from seqmix.tasks import task_class
 
     total = 0
     for name, section in raw["tasks"].items():
         archs = section.get("architectures") or raw["architectures"]
         if task_class(name.split("/")[0]).is_language_model:
-            archs = [a for a in archs if catalogue.mixer_entry(a).causal]
+            archs = [a for a in archs if mixer_class(a).supports_causal]
         points = math.prod(len(values) for values in (section.get("sweep") or {}).values())
         total += len(archs) * points * len(section.get("seeds") or raw["seeds"])
     return total

@@ -12,7 +12,7 @@ from seqmix import mixers
 from seqmix.mixers.base import HeadProjections
 from seqmix.models.lm import CausalLM, LMConfig
 
-from .test_mixers import TINY_OPTIONS
+from .conftest import TINY_OPTIONS
 
 D = 8
 

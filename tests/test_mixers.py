@@ -4,6 +4,7 @@ shape, causality, recurrent form = parallel form, gradcheck, and sane scores."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,25 +12,8 @@ import torch
 from seqmix import catalogue, mixers
 from seqmix.config import config_schema
 
-# Small options so that fp64 property checks stay fast; every other option is the default.
-TINY_OPTIONS: dict[str, dict] = {
-    "softmax": {"n_heads": 2},
-    "grassmann": {"rank": 5, "offsets": (1, 2, 3)},
-    # Chunks, windows and blocks smaller than the test lengths, so that the fast paths
-    # cross chunk boundaries and end on a partial chunk.
-    "linear": {"n_heads": 2, "chunk_size": 4},
-    "performer": {"n_heads": 2, "chunk_size": 4, "feature_seed": 0},
-    "sliding_window": {"n_heads": 2, "window": 3, "n_global": 1},
-    "bigbird": {"n_heads": 2, "block_size": 2, "n_random": 1, "seed": 0},
-    "linformer": {"n_heads": 2, "k": 4},
-    "crate": {"n_heads": 2},
-    # Chunks smaller than the test lengths (and GLA's sub-chunks smaller than its chunk),
-    # so that the chunked forms cross chunk boundaries and end on a partial chunk.
-    "gla": {"n_heads": 2, "chunk_size": 4, "gate_low_rank_dim": 4},
-    "h3": {"d_state": 4, "head_dim": 2},
-    "mamba": {"d_state": 4, "chunk_size": 4},
-    "tssa": {"n_heads": 2},
-}
+from .conftest import TINY_OPTIONS
+
 D = 8
 
 
@@ -117,8 +101,6 @@ def test_scores_are_nonnegative_and_causal(name):
 def test_noncausal_only_mixers_refuse_causal():
     for name in mixers.names():
         cls = mixers.mixer_class(name)
-        entry = catalogue.mixer_entry(name)
-        assert (entry.causal, entry.noncausal) == (cls.supports_causal, cls.supports_noncausal), name
         if not cls.supports_causal:
             with pytest.raises(ValueError, match="no causal form"):
                 mixers.build(name, D, causal=True, max_len=16)
@@ -131,10 +113,42 @@ def test_unknown_option_names_the_allowed_ones():
 
 def test_schema_lists_every_mixer_and_its_options():
     schema = config_schema()
-    assert schema["properties"]["architectures"]["items"]["enum"] == mixers.names()
+    assert schema["properties"]["architectures"]["items"] == {"$ref": "#/$defs/ArchName"}
+    assert schema["$defs"]["ArchName"]["examples"] == mixers.names()
     options = schema["properties"]["mixers"]["properties"]
     assert list(options) == mixers.names()
     for name in mixers.names():
         fields = {f.name for f in dataclasses.fields(mixers.mixer_class(name).Options)}
         assert set(options[name].get("properties", {})) == fields, f"schema options of {name}"
         assert options[name].get("additionalProperties") is False, f"{name}: unknown options must fail"
+
+
+SCHEMA_WORD = {"ge": "minimum", "gt": "exclusiveMinimum"}
+
+
+@pytest.mark.parametrize("name", mixers.names())
+def test_option_bounds_are_in_the_schema_and_refused_with_their_key(name):
+    """Every lower bound a mixer states in a field's metadata shows in the JSON schema and
+    fails config validation naming ``mixers.<name>.<option>`` (before any job)."""
+    from seqmix.config import ConfigError, validate_config
+
+    from .conftest import tiny_config
+
+    schema = config_schema()["properties"]["mixers"]["properties"][name]["properties"]
+    for f in dataclasses.fields(mixers.mixer_class(name).Options):
+        for key, bound in f.metadata.items():
+            if key not in SCHEMA_WORD:
+                continue
+            forms = [schema[f.name], *schema[f.name].get("anyOf", [])]  # int | None: the int form
+            assert bound in [form.get(SCHEMA_WORD[key]) for form in forms], f"{name}.{f.name} {key} {bound}"
+            raw = tiny_config(Path("/nonexistent"), None, archs=("softmax",))
+            raw["mixers"] = {name: {f.name: bound - 1 if key == "ge" else bound}}
+            with pytest.raises(ConfigError, match=rf"mixers\.{name}\.{f.name}'"):
+                validate_config(raw)
+
+
+def test_catalogue_entries_name_their_fields_and_colours_are_unique():
+    colours = [m.colour for m in catalogue.MIXERS]
+    assert len(set(colours)) == len(colours), f"two mixers share a colour: {colours}"
+    with pytest.raises(TypeError):
+        catalogue.MixerEntry("x", "m:X", "X", "#000000")  # keywords only: no field read by position

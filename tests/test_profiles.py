@@ -164,4 +164,4 @@ def test_snakemake_passes_the_paper_profile_key_by_key(paper_dry_run):
     specs = _json_args(paper_dry_run, "train", "--spec")
     assert len(specs) == len(runs(load_config(PAPER)))
     assert {(s["task"].split("/")[0], s["arch"], s["model"]["block"]) for s in specs if s["task"] == "wikitext2"} == {
-        ("wikitext2", a, catalogue.mixer_entry(a).block) for a in study["architectures"] if catalogue.mixer_entry(a).causal}
+        ("wikitext2", a, catalogue.mixer_entry(a).block) for a in study["architectures"] if mixer_class(a).supports_causal}

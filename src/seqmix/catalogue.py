@@ -1,11 +1,12 @@
 """The catalogue: every mixer and every task kind seqmix knows, in one place, without torch.
 
 Adding a mixer is its module in ``seqmix.mixers`` (or any importable package) plus one
-line in ``MIXERS``; adding a task kind is its module plus one line in ``TASKS``. The
+entry in ``MIXERS``; adding a task kind is its module plus one line in ``TASKS``. The
 registry (``seqmix.mixers``, ``seqmix.tasks``), the config validation, the Snakemake rules,
 the report's style and every notebook read these tables, so a new entry is trained,
 analysed and drawn with no other change. The order of ``MIXERS`` is the order of every
-table and legend of the report.
+table and legend of the report. What a mixer's class states (its causal and non-causal
+forms, its options) is not repeated here: the torch side reads it from the class.
 
 This module imports nothing beyond the standard library: the Snakefile and the notebooks
 read it without loading torch.
@@ -18,14 +19,13 @@ import dataclasses
 COSTS_IN_L = ("L", "L log L", "L^2")  # the values of MixerEntry.cost_in_L
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MixerEntry:
     name: str  # the config's name for it (architectures: [...], mixers: {<name>: options})
-    path: str  # "module:Class" of its seqmix.mixers.base.Mixer subclass
+    path: str  # "module:Class" of its seqmix.mixers.base.Mixer subclass (which states its
+    #            causal / non-causal forms: supports_causal, supports_noncausal)
     label: str  # how tables and legends print it
-    causal: bool  # has a causal form: trains language models (a test holds these flags
-    noncausal: bool  # equal to the class's supports_causal / supports_noncausal)
-    colour: str  # its colour in every figure
+    colour: str  # its colour in every figure, unique (a test holds them apart)
     # How its training cost (fwd+bwd FLOPs, bytes written, memory) grows with the sequence
     # length L at fixed width: "L", "L log L" or "L^2"; None = not stated. A test counts
     # every "L" / "L log L" mixer's fwd+bwd and fails when it grows faster (test_cost_count.py).
@@ -33,6 +33,7 @@ class MixerEntry:
     # The block it trains in by default (``model.block: native``), its paper's own: one of
     # BLOCKS, built by seqmix/models/blocks.py. A config can force one block for all.
     block: str = "post"
+    block_reason: str = ""  # why that block, with its source (the README's table of blocks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,19 +55,56 @@ BLOCKS: tuple[str, ...] = ("post", "pre", "pre_layerscale", "pre_rms")
 BASELINE = "softmax"
 
 MIXERS: tuple[MixerEntry, ...] = (
-    MixerEntry("softmax", "seqmix.mixers.softmax:SoftmaxAttention", "Softmax", True, True, "#1f77b4", "L^2", "post"),
-    MixerEntry("grassmann", "seqmix.mixers.grassmann:CausalGrassmann", "Grassmann", True, True, "#d62728", "L", "post"),
-    MixerEntry("linear", "seqmix.mixers.linear:LinearAttention", "Linear (elu+1)", True, True, "#ff7f0e", "L", "post"),
-    MixerEntry("performer", "seqmix.mixers.performer:Performer", "Performer", True, True, "#bcbd22", "L", "post"),
-    MixerEntry("sliding_window", "seqmix.mixers.sliding_window:SlidingWindowAttention", "Sliding window", True, True, "#2ca02c", "L", "post"),
-    MixerEntry("bigbird", "seqmix.mixers.bigbird:BigBirdAttention", "BigBird", True, True, "#17becf", "L", "post"),
-    MixerEntry("gla", "seqmix.mixers.gla:GatedLinearAttention", "GLA", True, False, "#9467bd", "L", "pre"),
-    MixerEntry("h3", "seqmix.mixers.h3:H3", "H3", True, False, "#8c564b", "L log L", "pre"),  # FFT convolution
-    MixerEntry("mamba", "seqmix.mixers.mamba:Mamba", "Mamba", True, False, "#e377c2", "L", "pre_rms"),
-    MixerEntry("tssa", "seqmix.mixers.tssa:TokenStatisticsAttention", "ToST (TSSA)", True, True, "#7f7f7f", "L", "pre_layerscale"),
-    MixerEntry("crate", "seqmix.mixers.crate:CrateAttention", "CRATE", True, True, "#393b79", "L^2", "pre"),
+    MixerEntry(name="softmax", path="seqmix.mixers.softmax:SoftmaxAttention", label="Softmax", colour="#1f77b4",
+               cost_in_L="L^2", block="post",
+               block_reason="the Grassmann paper's Transformer block (Zhang 2025, arXiv:2512.19428, §3.2): "
+                            "the setting of its claim"),
+    MixerEntry(name="grassmann", path="seqmix.mixers.grassmann:CausalGrassmann", label="Grassmann", colour="#d62728",
+               cost_in_L="L", block="post",
+               block_reason="the paper's own (Zhang 2025, arXiv:2512.19428, §3.2); its gate replaces the residual "
+                            "around the mixer"),
+    MixerEntry(name="linear", path="seqmix.mixers.linear:LinearAttention", label="Linear (elu+1)", colour="#ff7f0e",
+               cost_in_L="L", block="post",
+               block_reason="a replacement of the attention inside an unchanged Transformer layer (Katharopoulos et "
+                            "al. 2020, arXiv:2006.16236, §3.2; fast-transformers' encoder layer is post-LN)"),
+    MixerEntry(name="performer", path="seqmix.mixers.performer:Performer", label="Performer", colour="#bcbd22",
+               cost_in_L="L", block="post",
+               block_reason="the same: FAVOR+ replaces softmax attention in an unchanged Transformer (Choromanski et "
+                            "al. 2021, arXiv:2009.14794, §1)"),
+    MixerEntry(name="sliding_window", path="seqmix.mixers.sliding_window:SlidingWindowAttention",
+               label="Sliding window", colour="#2ca02c", cost_in_L="L", block="post",
+               block_reason="Longformer replaces the attention of RoBERTa's post-LN layer (Beltagy et al. 2020, "
+                            "arXiv:2004.05150, §4)"),
+    MixerEntry(name="bigbird", path="seqmix.mixers.bigbird:BigBirdAttention", label="BigBird", colour="#17becf",
+               cost_in_L="L", block="post",
+               block_reason="BigBird replaces the attention of BERT/RoBERTa's post-LN layer (Zaheer et al. 2020, "
+                            "arXiv:2007.14062, §4)"),
+    MixerEntry(name="gla", path="seqmix.mixers.gla:GatedLinearAttention", label="GLA", colour="#9467bd",
+               cost_in_L="L", block="pre",
+               block_reason="the GLA Transformer is pre-norm, a GLA layer then a feed-forward (Yang et al. 2024, "
+                            "arXiv:2312.06635, §4); its SwiGLU and RMSNorm are not reproduced"),
+    MixerEntry(name="h3", path="seqmix.mixers.h3:H3", label="H3", colour="#8c564b",
+               cost_in_L="L log L",  # FFT convolution
+               block="pre",
+               block_reason="H3's language models stack pre-norm blocks, the H3 layer then an MLP (Fu et al. 2023, "
+                            "arXiv:2212.14052, §5)"),
+    MixerEntry(name="mamba", path="seqmix.mixers.mamba:Mamba", label="Mamba", colour="#e377c2",
+               cost_in_L="L", block="pre_rms",
+               block_reason="`mamba_simple.py` Block + `MixerModel`: x + Mamba(RMSNorm(x)), no MLP, final RMSNorm, "
+                            "out_proj scaled by 1/√n_layers (Gu & Dao 2023, arXiv:2312.00752)"),
+    MixerEntry(name="tssa", path="seqmix.mixers.tssa:TokenStatisticsAttention", label="ToST (TSSA)",
+               colour="#7f7f7f", cost_in_L="L", block="pre_layerscale",
+               block_reason="ToST's Block (`tost_lang/model_TSSA.py`): pre-LN, LayerScale γ = 1e-5, `c_proj` "
+                            "N(0, 0.02/√(2n)) (Wu et al. 2025, arXiv:2412.17810)"),
+    MixerEntry(name="crate", path="seqmix.mixers.crate:CrateAttention", label="CRATE", colour="#393b79",
+               cost_in_L="L^2", block="pre",
+               block_reason="CRATE's own (`model/crate.py`): x + MSSA(LN(x)), then ISTA(LN(x)) with no residual, "
+                            "which keeps ISTA's exact zeros (Yu et al. 2023, arXiv:2306.01129)"),
     # Linear in L, but its E/F projections have max_len rows: non-causal only.
-    MixerEntry("linformer", "seqmix.mixers.linformer:Linformer", "Linformer", False, True, "#98df8a", "L", "post"),
+    MixerEntry(name="linformer", path="seqmix.mixers.linformer:Linformer", label="Linformer", colour="#98df8a",
+               cost_in_L="L", block="post",
+               block_reason="Linformer replaces the attention of RoBERTa's post-LN layer (Wang et al. 2020, "
+                            "arXiv:2006.04768, §5)"),
 )
 
 TASKS: tuple[TaskEntry, ...] = (
@@ -81,10 +119,7 @@ def mixer_names() -> list[str]:
 
 
 def mixer_entry(name: str) -> MixerEntry:
-    for m in MIXERS:
-        if m.name == name:
-            return m
-    raise KeyError(f"unknown mixer {name!r}; the catalogue (seqmix/catalogue.py) has: {', '.join(mixer_names())}")
+    return _find(MIXERS, "name", name, "mixer")
 
 
 def task_kinds() -> list[str]:
@@ -92,10 +127,15 @@ def task_kinds() -> list[str]:
 
 
 def task_entry(kind: str) -> TaskEntry:
-    for t in TASKS:
-        if t.kind == kind:
-            return t
-    raise KeyError(f"unknown task kind {kind!r}; the catalogue (seqmix/catalogue.py) has: {', '.join(task_kinds())}")
+    return _find(TASKS, "kind", kind, "task kind")
+
+
+def _find(entries, key: str, value: str, what: str):
+    for entry in entries:
+        if getattr(entry, key) == value:
+            return entry
+    known = ", ".join(getattr(e, key) for e in entries)
+    raise KeyError(f"unknown {what} {value!r}; the catalogue (seqmix/catalogue.py) has: {known}")
 
 
 def kind_of(task_name: str) -> str:

@@ -288,10 +288,16 @@ def cmd_benchmarks(args) -> int:
 
 
 def cmd_mixers(args) -> int:
-    from seqmix.mixers.table import print_mixers
+    from seqmix.io import write_text
+    from seqmix.plan import splice_between
+    from seqmix.report import mixer_table
 
+    if args.readme:
+        begin, end = mixer_table.README_MARKERS
+        write_text(args.readme, splice_between(Path(args.readme).read_text(), begin, end, mixer_table.blocks_markdown()))
+        return 0
     options = load_config(args.config).mixers if args.config_options else {}
-    print_mixers(args.d_model, args.max_len, options)
+    mixer_table.print_mixers(args.d_model, args.max_len, options)
     return 0
 
 
@@ -407,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--d-model", type=int, default=256)
     sp.add_argument("--max-len", type=int, default=128)
     sp.add_argument("--config-options", action="store_true", help="use the mixer options of --config")
+    sp.add_argument("--readme", help="instead, write the table of blocks between the blocks markers of this README")
 
     sp = _add(sub, "concat", cmd_concat, "concatenate CSVs with the same columns", config=False)
     sp.add_argument("inputs", nargs="+")

@@ -19,19 +19,17 @@ the seqmix environment (torch); the file's structure is all that is read before 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import re
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ValidationError, create_model
 
 from seqmix import REPO_ROOT, catalogue
-from seqmix.mixers import mixer_class
+from seqmix.mixers import mixer_class, options_model
 from seqmix.sections import Study, StudyFile, TaskCommon, TaskSettings
 from seqmix.sweep import sweep_points, sweep_problems
 from seqmix.tasks import task_class
@@ -66,22 +64,14 @@ def settings_of(kind: str, section: TaskCommon) -> TaskSettings:
 
 
 def _options_model(arch: str) -> type[BaseModel]:
-    """A pydantic model of a mixer's Options dataclass: its fields, types and defaults,
-    plus bounds from each field's metadata (e.g. ``field(default=32, metadata={"ge": 2})``)."""
-    options_cls = mixer_class(arch).Options
-    hints = typing.get_type_hints(options_cls)
-    fields = {f.name: (hints[f.name], Field(_field_default(f), **dict(f.metadata)))
-              for f in dataclasses.fields(options_cls)}
-    return create_model(f"{arch}_options", __config__=ConfigDict(extra="forbid"), **fields)
+    """The pydantic model of a mixer's options (seqmix/mixers/options.py): types, defaults,
+    bounds from each field's metadata, and its cross-field checks."""
+    return options_model(mixer_class(arch).Options)
 
 
 def mixer_options(arch: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """A mixer's complete options: ``given`` validated, its Options defaults filled in."""
     return _options_model(arch).model_validate(dict(given)).model_dump(mode="json")
-
-
-def _field_default(f) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _key(loc: tuple) -> str:
@@ -297,7 +287,13 @@ def deep_merge(base: Mapping, override: Mapping) -> dict:
 
 def config_schema() -> dict:
     """The JSON schema of a config file: the study's shape with every catalogued task kind's
-    section and every mixer's options spelled out (what workflow/schemas/ holds)."""
+    section spelled out (what workflow/schemas/ holds).
+
+    What it says of mixers is open, so that a file written before a mixer was catalogued
+    stays true: a mixer name is any string (``$defs/ArchName``, the catalogued ones as
+    completions in ``examples``), and ``mixers`` describes each catalogued mixer's options,
+    bounds included, and takes any other name's as an object. Validation (validate_config)
+    still refuses an unknown mixer or option, naming the key."""
     schema = StudyFile.model_json_schema()
     sections = {}
     for kind in catalogue.task_kinds():
@@ -308,11 +304,27 @@ def config_schema() -> dict:
         "type": "object", "minProperties": 1, "description": StudyFile.model_fields["tasks"].description,
         "patternProperties": sections, "additionalProperties": False,
     }
+    schema = _arch_names_by_reference(schema)
+    schema["$defs"]["ArchName"] = {"type": "string", "description": "a mixer of the catalogue (seqmix/catalogue.py)",
+                                   "examples": catalogue.mixer_names()}
     schema["properties"]["mixers"] = {
         "type": "object", "description": StudyFile.model_fields["mixers"].description,
+        "propertyNames": {"$ref": "#/$defs/ArchName"},
         "properties": {arch: _options_model(arch).model_json_schema() for arch in catalogue.mixer_names()},
-        "additionalProperties": False,
+        "additionalProperties": {"type": "object"},
     }
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "seqmix study configuration"
     return schema
+
+
+def _arch_names_by_reference(node: Any) -> Any:
+    """``node`` with every enumeration of the catalogue's mixer names replaced by a
+    reference to ``$defs/ArchName``."""
+    if isinstance(node, dict):
+        if node.get("enum") == catalogue.mixer_names():
+            return {"$ref": "#/$defs/ArchName"}
+        return {k: _arch_names_by_reference(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_arch_names_by_reference(v) for v in node]
+    return node

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from seqmix import catalogue
 from seqmix.config import mixer_options, settings_of
 from seqmix.io import read_json
+from seqmix.mixers import mixer_class
 from seqmix.sections import Study, TaskCommon
 from seqmix.spec import (
     CollectJob,
@@ -84,7 +85,7 @@ def task_architectures(study: Study, v: Variant) -> list[str]:
     """The architectures a task trains: non-causal-only mixers skip language-model tasks."""
     archs = v.section.architectures or study.architectures
     if task_class(v.kind).is_language_model:
-        archs = [a for a in archs if catalogue.mixer_entry(a).causal]
+        archs = [a for a in archs if mixer_class(a).supports_causal]
     return list(archs)
 
 

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from seqmix import catalogue
+from seqmix import catalogue, mixers
 from seqmix.io import write_csv
 from seqmix.mixers import dispatch
 from seqmix.models.lm import CausalLM, LMConfig
@@ -59,7 +59,7 @@ BASELINE = catalogue.BASELINE
 
 def causal_architectures(archs: list[str]) -> list[str]:
     """The causal ones among ``archs``, softmax first (added when missing), in catalogue order."""
-    causal = [m.name for m in catalogue.MIXERS if m.causal]
+    causal = [m.name for m in catalogue.MIXERS if mixers.mixer_class(m.name).supports_causal]
     chosen = set(archs) | {BASELINE}
     return [BASELINE] + [a for a in causal if a in chosen and a != BASELINE]
 

@@ -1,8 +1,9 @@
 """The mixer registry: every architecture the study compares, by name.
 
-A mixer maps (batch, L, d_model) -> (batch, L, d_model). The names, import paths, labels
-and flags live in the torch-free catalogue (``seqmix/catalogue.py``); adding a mixer is its
-module plus one line there.
+A mixer maps (batch, L, d_model) -> (batch, L, d_model). The names, import paths, labels,
+colours and blocks live in the torch-free catalogue (``seqmix/catalogue.py``), its forms
+(``supports_causal`` / ``supports_noncausal``) and options on its class; adding a mixer is
+its module plus one entry there.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pydantic import ValidationError
+
 from seqmix import catalogue
 from seqmix.mixers.base import Mixer, MixerOptionsError
+from seqmix.mixers.options import options_model
 
-__all__ = ["Mixer", "MixerOptionsError", "build", "mixer_class", "names", "options_for_layer"]
+__all__ = ["Mixer", "MixerOptionsError", "build", "mixer_class", "names", "options_for_layer", "options_model"]
 
 
 def names() -> list[str]:
@@ -40,9 +44,10 @@ def build(
 ) -> Mixer:
     """Build the mixer ``name`` for width ``d_model``.
 
-    ``options`` are the fields of the mixer's ``Options`` dataclass; an unknown one is an
-    error that lists the allowed fields. ``max_len`` is the longest sequence the model will
-    see (needed only by mixers with per-position parameters).
+    ``options`` are the fields of the mixer's ``Options`` dataclass, checked against their
+    types and bounds; an unknown one is an error that lists the allowed fields. ``max_len``
+    is the longest sequence the model will see (needed only by mixers with per-position
+    parameters).
     """
     cls = mixer_class(name)
     if causal and not cls.supports_causal:
@@ -59,4 +64,10 @@ def build(
             f"unknown option(s) {', '.join(unknown)} for mixer {name!r}; "
             f"allowed: {', '.join(sorted(field_names)) or '(none)'}"
         )
-    return cls(d_model, cls.Options(**options), causal=causal, max_len=max_len)
+    try:
+        valid = options_model(cls.Options).model_validate(options)
+    except ValidationError as e:
+        problems = "; ".join((f"option {'.'.join(map(str, err['loc']))}: " if err["loc"] else "")
+                             + err["msg"].removeprefix("Value error, ") for err in e.errors())
+        raise MixerOptionsError(f"mixer {name!r}: {problems}") from None
+    return cls(d_model, cls.Options(**dict(valid)), causal=causal, max_len=max_len)

@@ -1,8 +1,5 @@
 """BigBird block-sparse attention: window + global + random (Zaheer et al. 2020, arXiv:2007.14062).
 
-Block: post-LN (``post``): BigBird replaces the attention of BERT/RoBERTa's post-LN layer
-(Zaheer et al. 2020, arXiv:2007.14062, §4), the baseline's block here.
-
 The sequence is cut into blocks of b tokens (``block_size``). Query block β attends, with
 softmax over the union, to the key blocks
 
@@ -46,16 +43,10 @@ from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 class BigBirdOptions:
     n_heads: int = 4
     bias: bool = True
-    block_size: int = 8  # b (reference 64; see the module docstring)
-    n_random: int = 3  # r random key blocks per query block (reference 3)
-    n_global_blocks: int = 1  # g: the first blocks are global
+    block_size: int = dataclasses.field(default=8, metadata={"ge": 1})  # b (reference 64; see the module docstring)
+    n_random: int = dataclasses.field(default=3, metadata={"ge": 0})  # r random key blocks per query block (reference 3)
+    n_global_blocks: int = dataclasses.field(default=1, metadata={"ge": 0})  # g: the first blocks are global
     seed: int | None = None  # random-block seed; None = drawn from torch's global RNG
-
-    def __post_init__(self):
-        if self.block_size < 1:
-            raise ValueError(f"bigbird block_size must be >= 1, got {self.block_size}")
-        if self.n_random < 0 or self.n_global_blocks < 0:
-            raise ValueError("bigbird n_random and n_global_blocks must be >= 0")
 
 
 # Short sequences take the dense path: softmax attention through the fused SDPA kernel with

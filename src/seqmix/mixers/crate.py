@@ -1,9 +1,5 @@
 """CRATE: white-box transformer, MSSA + ISTA (Yu et al. 2023, NeurIPS, arXiv:2306.01129).
 
-Block: pre-LN (``pre``), CRATE's own (Yu et al. 2023, arXiv:2306.01129; model/crate.py:
-x = x + MSSA(LN(x)); x = ISTA(LN(x))): the post-LN block would normalise ISTA's sparse code
-and erase its exact zeros (tests/test_blocks.py).
-
 Each layer is one step of sparse rate reduction, Z^{ℓ+1} = ISTA(Z^ℓ + MSSA(Z^ℓ)):
 
     MSSA (compression):  w = U x with one Linear(d → heads·dim_head, bias=False),
@@ -41,14 +37,10 @@ from seqmix.mixers.base import Mixer, linear_flops
 @dataclasses.dataclass
 class CrateOptions:
     n_heads: int = 4
-    dim_head: int | None = None  # None = d_model // n_heads
+    dim_head: int | None = dataclasses.field(default=None, metadata={"ge": 1})  # None = d_model // n_heads
     attn_dropout: float = 0.0
     # ISTA's η = λ = 0.1 are constants of ``ISTA`` (the reference's): the block builds the
     # feed-forward from (d_model, d_ff, dropout) alone.
-
-    def __post_init__(self):
-        if self.dim_head is not None and self.dim_head < 1:
-            raise ValueError(f"crate dim_head must be >= 1, got {self.dim_head}")
 
 
 class ISTA(nn.Module):

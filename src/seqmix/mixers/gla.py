@@ -1,8 +1,5 @@
 """Gated linear attention, GLA (Yang et al., ICML 2024, arXiv:2312.06635; fla defaults).
 
-Block: pre-LN (``pre``): the GLA Transformer is pre-norm, a GLA layer then a feed-forward,
-each with a residual (Yang et al. 2024, arXiv:2312.06635, §4); its SwiGLU/RMSNorm are not reproduced (GELU MLP, LayerNorm).
-
 Linear attention whose d_k × d_v state forgets along the key dimension with a
 data-dependent gate α_t ∈ (0, 1]^{d_k}, per head:
 
@@ -60,17 +57,9 @@ class GLAOptions:
     expand_k: float = 0.5  # d_k = expand_k · d
     expand_v: float = 1.0  # d_v = expand_v · d
     gate_low_rank_dim: int = 16  # rank of W_α1 W_α2
-    gate_logit_normalizer: float = 16.0  # τ: log α = logsigmoid(·) / τ
+    gate_logit_normalizer: float = dataclasses.field(default=16.0, metadata={"gt": 0})  # τ: log α = logsigmoid(·) / τ
     norm_eps: float = 1e-5  # ε of the per-head RMSNorm
-    chunk_size: int = 64  # C of the chunkwise form (a speed knob, not a model choice)
-
-    def __post_init__(self):
-        if self.chunk_size < 1:
-            raise ValueError(f"gla chunk_size must be >= 1, got {self.chunk_size}")
-        if self.gate_logit_normalizer <= 0:
-            raise ValueError(
-                f"gla gate_logit_normalizer must be > 0, got {self.gate_logit_normalizer}"
-            )
+    chunk_size: int = dataclasses.field(default=64, metadata={"ge": 1})  # C of the chunkwise form (a speed knob, not a model choice)
 
 
 def gla_recurrent_reference(

@@ -1,9 +1,6 @@
 """Causal Grassmann mixing (Zhang 2025, "Attention Is Not What You Need: Grassmann Flows as
 an Attention-Free Alternative for Sequence Modeling", arXiv:2512.19428, §3.2).
 
-Block: post-LN (``post``), the paper's own (Zhang 2025, arXiv:2512.19428, §3.2), with no
-residual around the layer: its gate blends the input in (``residual_in_mixer``).
-
 Each token is reduced to z_t ∈ R^r, paired with earlier tokens at a few offsets Δ, and the
 2-plane span(z_t, z_{t-Δ}) is encoded by its Plücker coordinates p_ij = a_i b_j - a_j b_i
 (i < j, r(r-1)/2 numbers). Their projection g_t is gated back into the stream:
@@ -42,16 +39,16 @@ Three decisions the paper leaves to us, all recorded in Options:
 
 Because W_plü is shared across offsets and linear, the mean of the projections equals the
 projection of the mean; the reference averages in Plücker space and projects once.
-The block around this mixer is the paper's post-LN one: ĥ = Dropout(LN(out)), no residual
-(the gate is the residual), then the FFN with its own residual and LN.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import PositiveInt
 from torch import nn
 
 from seqmix.mixers import dispatch
@@ -60,21 +57,12 @@ from seqmix.mixers.base import Mixer, linear_flops
 
 @dataclasses.dataclass
 class GrassmannOptions:
-    rank: int = 32
-    offsets: tuple[int, ...] = (1, 2, 4, 8, 12, 16)
-    schedule: str = "all"  # "all" | "per_layer"
+    rank: int = dataclasses.field(default=32, metadata={"ge": 2})
+    offsets: tuple[PositiveInt, ...] = dataclasses.field(default=(1, 2, 4, 8, 12, 16), metadata={"min_length": 1})
+    schedule: Literal["all", "per_layer"] = "all"
     out_proj: bool = True
     normalize: bool = True
     eps: float = 1e-6
-
-    def __post_init__(self):
-        self.offsets = tuple(int(o) for o in self.offsets)
-        if self.schedule not in ("all", "per_layer"):
-            raise ValueError(f"grassmann schedule must be 'all' or 'per_layer', got {self.schedule!r}")
-        if not self.offsets or min(self.offsets) < 1:
-            raise ValueError(f"grassmann offsets must be positive integers, got {self.offsets}")
-        if self.rank < 2:
-            raise ValueError(f"grassmann rank must be at least 2, got {self.rank}")
 
 
 def pair_indices(r: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,5 @@
 """H3, Hungry Hungry Hippos (Fu, Dao et al., ICLR 2023, arXiv:2212.14052).
 
-Block: pre-LN (``pre``): H3's language models stack pre-norm residual blocks, the H3 layer
-then an MLP (Fu et al. 2023, arXiv:2212.14052, §5; GPT-2-style backbone).
-
 Two state-space models around a multiplicative interaction (HazyResearch/H3 ``h3.py``):
 
     Q, K, V = u W_Q + b_Q, u W_K + b_K, u W_V + b_V               (Linear(d, d), bias)
@@ -45,18 +42,15 @@ from seqmix.mixers.base import Mixer, linear_flops
 
 @dataclasses.dataclass
 class H3Options:
-    d_state: int = 64  # N: shift taps, and 2 × the complex modes of the diagonal SSM
+    # N: shift taps, and 2 × the complex modes of the diagonal SSM (so even)
+    d_state: int = dataclasses.field(default=64, metadata={"ge": 2, "multiple_of": 2})
     head_dim: int = 1  # d_h
-    dt_min: float = 0.001
+    dt_min: float = dataclasses.field(default=0.001, metadata={"gt": 0})
     dt_max: float = 0.1
 
     def __post_init__(self):
-        if self.d_state < 2 or self.d_state % 2:
-            raise ValueError(
-                f"h3 d_state must be an even integer >= 2 (N/2 complex modes), got {self.d_state}"
-            )
-        if not 0 < self.dt_min <= self.dt_max:
-            raise ValueError(f"h3 needs 0 < dt_min <= dt_max, got {self.dt_min}, {self.dt_max}")
+        if self.dt_min > self.dt_max:
+            raise ValueError(f"h3 needs dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
 def causal_fft_conv(u: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:

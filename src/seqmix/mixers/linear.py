@@ -1,8 +1,5 @@
 """Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs", ICML, arXiv:2006.16236).
 
-Block: post-LN (``post``): a drop-in replacement for softmax attention inside the
-Transformer layer (Katharopoulos et al. 2020, §3.2; fast-transformers' encoder layer is post-LN).
-
 Softmax's similarity exp(qᵀk) is replaced by a kernel φ(q)ᵀφ(k) with φ = elu + 1 > 0, so
 the sum over keys factorises through a d_k × d_v state:
 
@@ -35,11 +32,7 @@ class LinearOptions:
     n_heads: int = 4
     bias: bool = True
     eps: float = 1e-6  # ε of the reference's denominator
-    chunk_size: int = 64  # C of the chunked causal form (a speed knob, not a model choice)
-
-    def __post_init__(self):
-        if self.chunk_size < 1:
-            raise ValueError(f"linear chunk_size must be >= 1, got {self.chunk_size}")
+    chunk_size: int = dataclasses.field(default=64, metadata={"ge": 1})  # C of the chunked causal form (a speed knob, not a model choice)
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,5 @@
 """Linformer: low-rank attention over a projected sequence axis (Wang et al. 2020, arXiv:2006.04768).
 
-Block: post-LN (``post``): Linformer replaces the attention of RoBERTa's post-LN layer
-(Wang et al. 2020, arXiv:2006.04768, §5), the baseline's block here.
-
 Keys and values are projected along the sequence axis from n = max_len positions to k:
 
     head_h = softmax( Q_h (E K_h)ᵀ / √d_head ) (F V_h),   E, F ∈ R^{k×n} learned
@@ -35,12 +32,8 @@ from seqmix.mixers.base import Mixer, linear_flops
 class LinformerOptions:
     n_heads: int = 4
     bias: bool = True
-    k: int = 64  # projected length (capped at max_len)
+    k: int = dataclasses.field(default=64, metadata={"ge": 1})  # projected length (capped at max_len)
     share_kv: bool = False  # F = E
-
-    def __post_init__(self):
-        if self.k < 1:
-            raise ValueError(f"linformer k must be >= 1, got {self.k}")
 
 
 def linformer_attention(q, k, v, E: torch.Tensor, F: torch.Tensor) -> torch.Tensor:

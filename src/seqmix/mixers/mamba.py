@@ -1,8 +1,5 @@
 """Mamba: the selective state-space block (Gu & Dao 2023, arXiv:2312.00752).
 
-Block: Mamba's (``pre_rms``): x + Mamba(RMSNorm(x)), no separate MLP, final RMSNorm and
-out_proj scaled by 1/√n_layers (state-spaces/mamba mamba_simple.py Block, MixerModel).
-
 Per channel d of the inner width D = expand · d_model and state index n ≤ N:
 
     [x, z] = in_proj(u)                                     (d_model → 2D, no bias)
@@ -44,9 +41,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import BeforeValidator, PositiveInt
 from torch import nn
 
 from seqmix.mixers import dispatch
@@ -54,13 +53,23 @@ from seqmix.mixers.base import Mixer, linear_flops
 from seqmix.mixers.scan import scan
 
 
+def _auto_or_positive(value):
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"must be 'auto' or a positive integer, got {value!r}")
+
+
+# One message for either form (a plain union would report each of its members).
+DtRank = Annotated[PositiveInt | Literal["auto"], BeforeValidator(_auto_or_positive)]
+
+
 @dataclasses.dataclass
 class MambaOptions:
     d_state: int = 16  # N
     d_conv: int = 4
     expand: int = 2  # D = expand · d_model
-    dt_rank: int | str = "auto"  # "auto" = ceil(d_model / 16)
-    dt_min: float = 0.001
+    dt_rank: DtRank = "auto"  # "auto" = ceil(d_model / 16)
+    dt_min: float = dataclasses.field(default=0.001, metadata={"gt": 0})
     dt_max: float = 0.1
     dt_init_floor: float = 1e-4
     dt_scale: float = 1.0
@@ -70,17 +79,11 @@ class MambaOptions:
     # 2C (+ L/C²) Python steps per pass, C when L ≤ C (one chunk, no carry). 64 covers L 64
     # in one chunk: 12 % less CPU time per Mamba layer (fwd+bwd) there than C 16, 4 % more
     # at L 1024 (d 64, 4,096 tokens, one thread).
-    chunk_size: int = 64
+    chunk_size: int = dataclasses.field(default=64, metadata={"ge": 1})
 
     def __post_init__(self):
-        if self.dt_rank != "auto" and (not isinstance(self.dt_rank, int) or self.dt_rank < 1):
-            raise ValueError(
-                f"mamba dt_rank must be 'auto' or a positive integer, got {self.dt_rank!r}"
-            )
-        if not 0 < self.dt_min <= self.dt_max:
-            raise ValueError(f"mamba needs 0 < dt_min <= dt_max, got {self.dt_min}, {self.dt_max}")
-        if self.chunk_size < 1:
-            raise ValueError(f"mamba chunk_size must be >= 1, got {self.chunk_size}")
+        if self.dt_min > self.dt_max:
+            raise ValueError(f"mamba needs dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
 def _at_least_fp32(*tensors):

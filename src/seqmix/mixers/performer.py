@@ -1,8 +1,5 @@
 """Performer / FAVOR+ (Choromanski et al., ICLR 2021, arXiv:2009.14794).
 
-Block: post-LN (``post``): FAVOR+ is a drop-in replacement for softmax attention inside
-an unchanged Transformer (Choromanski et al. 2021, arXiv:2009.14794, §1), so it keeps the baseline's block.
-
 Softmax attention's kernel exp(qᵀk/√d) is estimated with positive orthogonal random
 features, then the attention is linear attention with those features (see linear.py):
 
@@ -54,19 +51,13 @@ from seqmix.mixers.linear import noncausal_linear_attention
 class PerformerOptions:
     n_heads: int = 4
     bias: bool = True
-    nb_features: int | None = None  # m; None = int(d_head · ln d_head) (reference default)
-    redraw_interval: int = 1000  # training forward calls between redraws; 0 = never
+    # m; None = int(d_head · ln d_head) (reference default)
+    nb_features: int | None = dataclasses.field(default=None, metadata={"ge": 1})
+    # training forward calls between redraws; 0 = never
+    redraw_interval: int = dataclasses.field(default=1000, metadata={"ge": 0})
     feature_seed: int | None = None  # None = drawn from torch's global RNG (the run's seed)
     eps: float = 1e-4  # the reference's feature floor
-    chunk_size: int = 64  # C of the chunked causal form (a speed knob, not a model choice)
-
-    def __post_init__(self):
-        if self.nb_features is not None and self.nb_features < 1:
-            raise ValueError(f"performer nb_features must be >= 1, got {self.nb_features}")
-        if self.redraw_interval < 0:
-            raise ValueError(f"performer redraw_interval must be >= 0, got {self.redraw_interval}")
-        if self.chunk_size < 1:
-            raise ValueError(f"performer chunk_size must be >= 1, got {self.chunk_size}")
+    chunk_size: int = dataclasses.field(default=64, metadata={"ge": 1})  # C of the chunked causal form (a speed knob, not a model choice)
 
 
 def sub_seed(seed: int, index: int) -> int:

@@ -1,8 +1,5 @@
 """Sliding-window + global attention (Longformer, Beltagy et al. 2020, arXiv:2004.05150).
 
-Block: post-LN (``post``): Longformer's attention sits in RoBERTa's post-LN layer
-(Beltagy et al. 2020, arXiv:2004.05150, §4), the baseline's block here.
-
 Softmax attention restricted to a pattern P (w = ``window``, g = ``n_global``):
 
     causal:     j ∈ P(i)  ⇔  j ≤ i and (i − j < w  or  j < g  or  i < g)
@@ -47,15 +44,9 @@ from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 class SlidingWindowOptions:
     n_heads: int = 4
     bias: bool = True
-    window: int = 32  # w: keys per query in the causal window, itself included
-    n_global: int = 1  # g: global tokens, the first positions of the sequence
+    window: int = dataclasses.field(default=32, metadata={"ge": 1})  # w: keys per query in the causal window, itself included
+    n_global: int = dataclasses.field(default=1, metadata={"ge": 0})  # g: global tokens, the first positions of the sequence
     global_projections: bool = False  # separate Q_g, K_g, V_g for the global rows
-
-    def __post_init__(self):
-        if self.window < 1:
-            raise ValueError(f"sliding_window window must be >= 1, got {self.window}")
-        if self.n_global < 0:
-            raise ValueError(f"sliding_window n_global must be >= 0, got {self.n_global}")
 
 
 # Short sequences take the dense path: softmax attention through the fused SDPA kernel with

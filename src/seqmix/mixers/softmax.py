@@ -1,8 +1,5 @@
 """Softmax multi-head attention, the baseline every other mixer is measured against.
 
-Block: post-LN (models/blocks.py ``post``), the Grassmann paper's Transformer block (Zhang
-2025, arXiv:2512.19428, §3.2): the baseline of that paper's claim, in its setting.
-
 The Grassmann paper's Transformer: d=256, 4 heads, Q/K/V/O projections with bias
 (263,680 parameters per attention block with its LayerNorm; Zhang 2025, arXiv:2512.19428, §4.1;
 the parameter count is reconciled in grassmann.py).

@@ -1,8 +1,5 @@
 """Token Statistics Self-Attention, TSSA (ToST; Wu et al., ICLR 2025, arXiv:2412.17810, §3).
 
-Block: ToST's (``pre_layerscale``): pre-LN with LayerScale γ = 1e-5 on both branches and
-c_proj initialised N(0, 0.02/√(2·n_layers)) (RobinWu218/ToST tost_lang/model_TSSA.py Block).
-
 One gradient step on a variational coding-rate objective: each head k projects the tokens,
 w = U_kᵀ z ∈ R^p (one fused ``c_attn`` Linear(d, d) split into H heads, p = d/H), soft
 memberships Π (softmax over heads) weight second-moment statistics of w, and every token

@@ -35,6 +35,7 @@ MixerModel's ``norm_f``; LayerNorm otherwise).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -199,3 +200,23 @@ def stack_reach(blocks: nn.ModuleList) -> int | None:
     reaches, or None (unbounded) if any mixer's is."""
     reaches = [block.mixer.reach() for block in blocks]
     return None if any(r is None for r in reaches) else sum(reaches)
+
+
+@dataclasses.dataclass
+class StackConfig:
+    """What every model around a stack of mixer blocks is made of (CausalLM's LMConfig,
+    PairClassifier's ClassifierConfig add their own fields)."""
+
+    arch: str
+    vocab_size: int
+    max_len: int
+    d_model: int = 256
+    n_layers: int = 6
+    d_ff_mult: float = 4.0
+    dropout: float = 0.1
+    block: str = "post"  # one of catalogue.BLOCKS (resolved: never "native")
+    mixer_options: dict = dataclasses.field(default_factory=dict)
+
+    def blocks(self, causal: bool) -> nn.ModuleList:
+        return build_blocks(self.arch, self.d_model, self.n_layers, self.mixer_options, d_ff_mult=self.d_ff_mult,
+                            dropout=self.dropout, block=self.block, causal=causal, max_len=self.max_len)

@@ -17,23 +17,15 @@ import torch
 from torch import nn
 
 from seqmix import mixers
-from seqmix.models.blocks import build_blocks, make_norm
+from seqmix.models.blocks import StackConfig, make_norm
 from seqmix.models.lm import _init_weights
 
 NUM_CLASSES = 3
 
 
 @dataclasses.dataclass
-class ClassifierConfig:
-    arch: str
-    vocab_size: int
-    max_len: int
-    d_model: int = 256
-    n_layers: int = 2
-    d_ff_mult: float = 4.0
-    dropout: float = 0.1
-    block: str = "post"  # one of catalogue.BLOCKS (resolved: never "native")
-    mixer_options: dict = dataclasses.field(default_factory=dict)
+class ClassifierConfig(StackConfig):
+    n_layers: int = 2  # a sentence-pair encoder is shallow by default
 
 
 class PairClassifier(nn.Module):
@@ -45,11 +37,7 @@ class PairClassifier(nn.Module):
         self.seg_emb = nn.Embedding(2, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = build_blocks(
-            cfg.arch, cfg.d_model, cfg.n_layers, cfg.mixer_options,
-            d_ff_mult=cfg.d_ff_mult, dropout=cfg.dropout, block=cfg.block,
-            causal=self.causal, max_len=cfg.max_len,
-        )
+        self.blocks = cfg.blocks(causal=self.causal)
         self.norm_f = make_norm(cfg.block, cfg.d_model)
         self.head = nn.Linear(cfg.d_model, NUM_CLASSES)
         self.apply(_init_weights)

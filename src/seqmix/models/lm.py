@@ -11,21 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqmix.models.blocks import build_blocks, make_norm
+from seqmix.models.blocks import StackConfig, make_norm
 
 
 @dataclasses.dataclass
-class LMConfig:
-    arch: str
-    vocab_size: int
-    max_len: int
-    d_model: int = 256
-    n_layers: int = 6
-    d_ff_mult: float = 4.0
-    dropout: float = 0.1
-    block: str = "post"  # one of catalogue.BLOCKS (resolved: never "native")
+class LMConfig(StackConfig):
     tie_embeddings: bool = True
-    mixer_options: dict = dataclasses.field(default_factory=dict)
 
 
 class CausalLM(nn.Module):
@@ -35,11 +26,7 @@ class CausalLM(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = build_blocks(
-            cfg.arch, cfg.d_model, cfg.n_layers, cfg.mixer_options,
-            d_ff_mult=cfg.d_ff_mult, dropout=cfg.dropout, block=cfg.block,
-            causal=True, max_len=cfg.max_len,
-        )
+        self.blocks = cfg.blocks(causal=True)
         self.norm_f = make_norm(cfg.block, cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:

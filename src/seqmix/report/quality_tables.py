@@ -1,0 +1,117 @@
+"""The quality notebook's numbers: the quality table, the setup table (what every number was
+measured on, read from the runs themselves) and the ``q`` macros, from ``runs.csv`` (its
+summary: seqmix.report.summary) and each run's ``log.csv``, ``config.json`` and ``provenance.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from seqmix.catalogue import label as task_label
+from seqmix.report.latex import escape, fmt, pm, series, table
+from seqmix.report.style import arch_label, metric_label, ordered
+from seqmix.report.summary import unfinished_tasks
+
+
+def read_logs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Every run's log.csv in one frame, with its task, arch and seed."""
+    logs = []
+    for _, r in runs.iterrows():
+        log = pd.read_csv(Path(r.run_dir) / "log.csv")
+        log["task"], log["arch"], log["seed"] = r.task, r.arch, r.seed
+        logs.append(log)
+    return pd.concat(logs, ignore_index=True)
+
+
+def task_summary(summ: pd.DataFrame, task: str) -> pd.DataFrame:
+    """One task's summary rows, indexed by arch in catalogue order."""
+    s = summ[summ.task == task]
+    return s.set_index("arch").loc[ordered(s.arch)]
+
+
+def digits_of(metric: str) -> int:
+    return 1 if metric == "ppl" else 3
+
+
+def unfinished_text(runs: pd.DataFrame) -> str:
+    """Tasks none of whose runs finished (every one diverged) have no quality result: said in
+    the table note, the setup table and the abstract ("" when every task has one)."""
+    unfinished = unfinished_tasks(runs)
+    if not unfinished:
+        return ""
+    return (f"every run of {series([escape(task_label(t)) for t in unfinished])} diverged, so "
+            + ("it has" if len(unfinished) == 1 else "they have") + " no quality result")
+
+
+def quality_table(runs: pd.DataFrame, summ: pd.DataFrame) -> str:
+    """tab:quality: per task and architecture, its size, runs ok, validation and test (best in bold)."""
+    tasks = list(dict.fromkeys(runs.task))  # in config order
+    body = []
+    for task in tasks:
+        s = task_summary(summ, task)
+        metric, higher = s.metric.iloc[0], bool(s.higher_is_better.iloc[0])
+        digits = digits_of(metric)
+        best = s.test_mean.max() if higher else s.test_mean.min()
+        for arch, r in s.iterrows():
+            test = pm(r.test_mean, r.test_ci, digits)
+            if r.test_mean == best:
+                test = f"\\textbf{{{test}}}"
+            body.append([escape(task_label(task)), escape(arch_label(arch)), fmt(int(r.params)), f"{r.d_model}/{r.n_layers}",
+                         f"{r.ok}/{r.seeds}", pm(r.eval_mean, r.eval_ci, digits), test])
+    unfinished = unfinished_text(runs)
+    note = ("Mean $\\pm$ half-width of the 95\\% $t$ interval across seeds (no interval with one seed). "
+            + "; ".join(f"{escape(task_label(t))}: {escape(metric_label(summ[summ.task == t].metric.iloc[0]))}" for t in tasks)
+            + ". Data, budgets and evaluation sizes are in Table~\\ref{tab:setup}."
+            + (f" {unfinished[0].upper()}{unfinished[1:]}." if unfinished else ""))
+    return table(["Task", "Architecture", "Params", "$d$/layers", "Runs ok", "Validation", "Test"], body,
+                 caption="Quality per architecture, measured by this pipeline.", label="tab:quality",
+                 align="llrrrrr", note=note)
+
+
+def setup_table(runs: pd.DataFrame) -> str:
+    """tab:setup: the data and training budget each task actually used (its runs' manifest and config)."""
+    rows = []
+    for task in dict.fromkeys(runs.task):
+        mine = runs[runs.task == task]
+        done = mine[mine.status == "ok"]
+        g = (done if len(done) else mine).iloc[0]  # a diverged run has no evaluation to count
+        t = json.loads((Path(g.run_dir) / "config.json").read_text())["train"]
+        held_out = [escape(data) + (f" ({fmt(int(scored))} {escape(g.scored_unit)} scored)" if len(done)
+                                    else " (not evaluated: every run diverged)")
+                    for data, scored in ((g.eval_data, g.eval_scored), (g.test_data, g.test_scored))]
+        rows.append([escape(task_label(task)), escape(g.train_data), *held_out,
+                     f"{fmt(int(t['steps']))} $\\times$ {t['batch_size']}", fmt(len(set(mine.seed)))])
+    tokenizers = runs.tokenizer.dropna()
+    return table(["Task", "Trained on", "Validation", "Test", "Steps $\\times$ batch", "Seeds"], rows,
+                 caption="Data and training budget actually used (read from each run's manifest and config).",
+                 label="tab:setup", align="p{1.3cm}p{3.2cm}p{3.2cm}p{3.2cm}rr", size="\\scriptsize",
+                 note=escape("Tokenizer: " + tokenizers.iloc[0]) if len(tokenizers) else None)
+
+
+def quality_macros(runs: pd.DataFrame, summ: pd.DataFrame, scope: str) -> dict[str, str]:
+    """The ``q`` macros: the study in numbers (the abstract's), and each task and mixer's test value."""
+    prov = json.loads((Path(runs.run_dir.iloc[0]) / "provenance.json").read_text())
+    tokenizers = runs.tokenizer.dropna()
+    unfinished = unfinished_text(runs)
+    macros = {
+        "profile": escape(runs.profile.iloc[0]),
+        "scope": escape(scope),
+        "numRuns": fmt(len(runs)),
+        "numArchs": fmt(runs.arch.nunique()),
+        # The architectures by name, so the abstract describes this study's, whatever their number.
+        "architectures": series([escape(arch_label(a)) for a in ordered(runs.arch.unique())]),
+        "numSeeds": fmt(runs.seed.nunique()),
+        "numDiverged": fmt(int((runs.status == "diverged").sum())),
+        "unfinished": f"; {unfinished}" if unfinished else "",
+        "device": escape(prov["device"]["name"]),
+        "torchVersion": escape(prov["packages"]["torch"]),
+        "commit": escape((prov["git"]["commit"] or "unknown")[:10]),
+        "tokenizer": escape(tokenizers.iloc[0]) if len(tokenizers) else "synthetic only",
+        "trainHours": f"{runs.wall_time_s.sum() / 3600:.2f}",
+    }
+    for _, r in summ.iterrows():
+        macros[f"{r.task}-{r.arch}-test"] = pm(r.test_mean, r.test_ci, digits_of(r.metric))
+        macros[f"{r.task}-{r.arch}-params"] = fmt(int(r.params))
+    return macros

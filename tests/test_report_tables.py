@@ -1,0 +1,257 @@
+"""The notebooks' tables and macros (seqmix/report/*_tables.py) on small results files
+written by hand, so that every cell they should print is known."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from seqmix.report import (
+    claims_tables,
+    complexity_tables,
+    geometry_tables,
+    quality_tables,
+    recall_tables,
+    sparsity_tables,
+    throughput_tables,
+)
+from seqmix.report.summary import summarise
+
+# --- complexity --------------------------------------------------------------------------------
+
+LENGTHS = (8, 16, 32)
+
+
+def complexity_files(tmp_path) -> complexity_tables.Complexity:
+    """Softmax (counts x4 per doubling, a quadratic) and linear (x2), each timed twice per
+    length; linear's bytes written grow x2 then x2.5 (an exponent range 1.00--1.32)."""
+    written = {"softmax": [100, 400, 1600], "linear": [100, 200, 500]}
+    rows, growth = [], []
+    for arch, k in (("softmax", 2), ("linear", 1)):
+        for i, L in enumerate(LENGTHS):
+            for repeat, ms in enumerate((3.0 * 2**i, 2.0 * 2**i)):  # the fastest repeat is 2 * 2^i
+                rows.append(dict(arch=arch, device="cpu", device_name="Test CPU", d_model=16, batch=1, seq_len=L,
+                                 repeat=repeat, fwdbwd_ms=ms, flops_fwdbwd=10 * L**k, bytes_written_fwdbwd=written[arch][i],
+                                 peak_fwdbwd_bytes=50 * L**k, count_mode="fake", status="ok"))
+        for i in range(len(LENGTHS) - 1):
+            growth.append(dict(arch=arch, device="cpu", len_from=LENGTHS[i], len_to=LENGTHS[i + 1], growth_fwdbwd_ms=2.0,
+                               growth_flops_fwdbwd=2.0**k, growth_bytes_written_fwdbwd=written[arch][i + 1] / written[arch][i],
+                               growth_peak_fwdbwd_bytes=2.0**k))
+    fits = []
+    for arch, k in (("softmax", 2), ("linear", 1)):
+        for measure, lo, hi in (("flops_fwdbwd", k, k), ("bytes_written_fwdbwd", k, k if arch == "softmax" else math.log2(2.5)),
+                                ("peak_fwdbwd_bytes", k, k)):
+            fits.append(dict(arch=arch, measure=measure, kind="counted", min_len=8, max_len=32, slope=k, ci_low=k, ci_high=k,
+                             local_min=lo, local_max=hi, flops_slope=k))
+        fits.append(dict(arch=arch, measure="fwdbwd_ms", kind="timed", min_len=8, max_len=32, slope=1.0, ci_low=0.9,
+                         ci_high=1.1, local_min=1.0, local_max=1.0, flops_slope=k))
+    (tmp_path / "analysis").mkdir()
+    for name, frame in (("complexity", rows), ("complexity_fit", fits), ("complexity_growth", growth)):
+        pd.DataFrame(frame).to_csv(tmp_path / "analysis" / f"{name}.csv", index=False)
+    return complexity_tables.Complexity.read(tmp_path)
+
+
+def test_complexity_setting_and_fastest_repeat(tmp_path):
+    c = complexity_files(tmp_path)
+    assert (c.device_name, c.d_model, c.batch, c.count_modes, c.repeats, c.count_range) == ("Test CPU", 16, 1, "fake", 2, "8--32")
+    per = c.per_length().set_index(["arch", "seq_len"])
+    assert per.loc[("softmax", 32), "fwdbwd_ms"] == 8.0  # min of 12 and 8
+    assert per.loc[("softmax", 32), "flops"] == 10 * 32**2
+
+
+def test_complexity_table_prints_each_exponent_and_the_last_doubling(tmp_path):
+    c = complexity_files(tmp_path)
+    tex = complexity_tables.complexity_table(c)
+    rows = {line.split(" & ")[0]: line.split(" & ") for line in tex.splitlines() if " & " in line}
+    assert list(rows)[1:] == ["Softmax", "Linear (elu+1)"]  # header first, then catalogue order
+    assert rows["Softmax"][1:5] == ["$L^2$", "2.00", "2.00", "2.00"]
+    assert rows["Linear (elu+1)"][1:5] == ["$L$", "1.00", "1.00--1.32", "1.00"]  # a range where it changes
+    assert rows["Softmax"][5:7] == ["1.00 [0.90, 1.10]", "8--32"]
+    assert rows["Linear (elu+1)"][7].startswith("16$\\to$32: $\\times$2.00 / $\\times$2.50")
+    assert "fastest of 2 calls" in tex and "over $L$ = 8--32" in tex and "$d=16$" in tex
+
+
+def test_complexity_macros(tmp_path):
+    c = complexity_files(tmp_path)
+    m = complexity_tables.complexity_macros(c, num_bench=0)
+    assert (m["softmax-flops-exp"], m["linear-bytes-exp"], m["linear-time-ci"]) == ("2.00", "1.00--1.32", "[0.90, 1.10]")
+    # The regime change read at linear-cost mixers only (softmax's quadratic growth is not in it).
+    assert (m["growthLens"], m["timeGrowth"], m["bytesGrowth"], m["flopsGrowth"]) == ("32", "2.00", "2.50", "2.00")
+    assert (m["maxLen"], m["numBench"], m["device"]) == ("32", "0", "Test CPU")
+    assert complexity_tables.spread([1.0, np.nan, 1.234]) == "1.00--1.23" and complexity_tables.spread([]) == "--"
+
+
+def test_kernel_table_from_a_benchmark_and_without_one(tmp_path):
+    assert complexity_tables.read_kernel_benchmarks(tmp_path) == (None, 0)
+    assert "No GPU benchmark was committed" in complexity_tables.kernels_table(None)
+    rows = [dict(device="H100", op="gla", L=L, **{"pass": "fwd"}, impl=impl, time_ms=t, roofline_frac=0.5 if impl == "triton" else None,
+                 status="ok") for L in (512, 1024) for impl, t in (("triton", 1.0), ("reference", 4.0))]
+    pd.DataFrame(rows).to_csv(tmp_path / "kernels-h100.csv", index=False)
+    bench, n = complexity_tables.read_kernel_benchmarks(tmp_path)
+    tex = complexity_tables.kernels_table(bench)
+    body = [line for line in tex.splitlines() if line.startswith("H100")]
+    assert n == 1 and len(body) == 1  # L 512 is not a length the table shows
+    assert body[0].split(" & ")[2:] == ["1,024", "fwd", "1.000", "4.00$\\times$", "--", "--", "50\\% \\\\"]
+
+
+# --- quality -----------------------------------------------------------------------------------
+
+
+def runs_csv(tmp_path, statuses=("ok", "ok")) -> pd.DataFrame:
+    """Two mixers x two seeds on MQAR; each run directory with the files the setup table reads."""
+    rows = []
+    for arch, acc in (("softmax", 0.9), ("grassmann", 0.5)):
+        for seed, status in enumerate(statuses):
+            run = tmp_path / arch / f"seed{seed}"
+            run.mkdir(parents=True)
+            (run / "config.json").write_text(json.dumps({"train": {"steps": 1000, "batch_size": 8}}))
+            (run / "provenance.json").write_text(json.dumps({"device": {"name": "Test CPU"}, "packages": {"torch": "2.x"},
+                                                             "git": {"commit": "0123456789abcdef"}}))
+            rows.append(dict(profile="test", task="mqar", kind="mqar", group="mqar", sweep="{}", arch=arch, seed=seed, status=status,
+                             metric="accuracy", higher_is_better=True, params=1234, d_model=16, n_layers=2,
+                             eval_value=acc + seed / 100, test_value=acc + seed / 100, eval_split="validation",
+                             test_split="test", run_dir=str(run), train_data="synthetic",
+                             eval_data="synthetic val", test_data="synthetic test", eval_scored=100, test_scored=200,
+                             scored_unit="queries", tokenizer=None, wall_time_s=1800.0))
+    return pd.DataFrame(rows)
+
+
+def test_quality_table_marks_the_best_and_names_every_task(tmp_path):
+    runs = runs_csv(tmp_path)
+    tex = quality_tables.quality_table(runs, summarise(runs))
+    rows = [line.split(" & ") for line in tex.splitlines() if line.startswith("MQAR")]
+    assert [r[1] for r in rows] == ["Softmax", "Grassmann"]
+    assert rows[0][2:5] == ["1{,}234", "16/2", "2/2"] and rows[0][6].startswith("\\textbf{0.905")
+    assert not rows[1][6].startswith("\\textbf")
+    assert "MQAR: accuracy" in tex and "diverged" not in tex
+
+
+def test_quality_setup_table_and_macros_read_the_runs(tmp_path):
+    runs = runs_csv(tmp_path)
+    setup = quality_tables.setup_table(runs)
+    assert "synthetic val (100 queries scored)" in setup and "1{,}000 $\\times$ 8" in setup
+    m = quality_tables.quality_macros(runs, summarise(runs), scope="a test")
+    assert (m["numRuns"], m["numArchs"], m["architectures"], m["trainHours"]) == ("4", "2", "Softmax and Grassmann", "2.00")
+    assert (m["device"], m["commit"], m["tokenizer"], m["unfinished"]) == ("Test CPU", "0123456789", "synthetic only", "")
+    assert m["mqar-softmax-params"] == "1{,}234"
+
+
+def test_a_task_whose_runs_all_diverged_is_said_so(tmp_path):
+    runs = runs_csv(tmp_path, statuses=("diverged", "diverged"))
+    assert quality_tables.unfinished_text(runs) == "every run of MQAR diverged, so it has no quality result"
+    assert "(not evaluated: every run diverged)" in quality_tables.setup_table(runs)
+
+
+# --- recall ------------------------------------------------------------------------------------
+
+
+def test_binned_accuracy_by_distance():
+    rows = pd.DataFrame({"value": [1, 2, 3, 4], "correct": [1, 0, 1, 1], "scored": [1, 1, 1, 1]})
+    b = recall_tables.binned(rows, np.array([0, 2, 4]))
+    assert b.distance.tolist() == [2, 4] and b.accuracy.tolist() == [0.5, 1.0]
+
+
+def test_recall_table_without_a_width_sweep_says_so():
+    assert "no task swept over model width" in recall_tables.recall_table(pd.DataFrame(), {})
+    assert recall_tables.recall_macros({}) == {"numGroups": "0"}
+
+
+def test_recall_table_spans_every_width_of_every_group():
+    runs = pd.DataFrame({"group": ["a", "b"], "lr": [1e-3, 1e-3], "train_data": ["x", "y"]})
+    best = {"a": pd.DataFrame({"arch": ["softmax", "softmax"], "per_value": [8.0, 16.0], "test_mean": [0.5, 0.75]}),
+            "b": pd.DataFrame({"arch": ["softmax"], "per_value": [32.0], "test_mean": [1.0]})}
+    tex = recall_tables.recall_table(runs, best)
+    assert "$d=8$ & $d=16$ & $d=32$" in tex
+    assert "a & Softmax & 0.500 & 0.750 & nan" in tex and "b & Softmax & nan & nan & 1.000" in tex
+    assert recall_tables.recall_macros(best) == {"a-softmax-d8": "0.500", "a-softmax-d16": "0.750", "b-softmax-d32": "1.000",
+                                                 "numGroups": "2"}
+
+
+# --- sparsity, geometry, claims, throughput ----------------------------------------------------
+
+
+def test_sparsity_table_and_macros():
+    sp = pd.DataFrame([dict(arch=arch, task=task, seed=seed, kind=kind, layer=0, S_mean=s + seed / 10, S_onehot_mean=0.25,
+                            min_row_len=4, seq_len=16)
+                       for arch, task, s in (("softmax", "wikitext2", 0.5), ("linear", "wikitext2", 0.6),
+                                             ("linformer", "snli", 0.7))
+                       for seed in (0, 1) for kind in ("attention", "jacobian")])
+    tex = sparsity_tables.sparsity_table(sp)
+    assert "Softmax & WikiText-2 & 0.550 $\\pm$ 0.635" in tex  # seeds 0.5 and 0.6: t interval of two
+    # Measured on its encoder task, which the legend says; the others on the main task.
+    assert [sparsity_tables.measured_label(sp, a) for a in ("linformer", "softmax")] == ["Linformer (SNLI)", "Softmax"]
+    assert "Linformer & SNLI & 0.750" in tex
+    an = pd.DataFrame([dict(method="closed_form", kernel=k, beta=b, gamma=g, S=s) for k, s in (("identity", 0.9), ("exp", 0.1),
+                       ("relu2", 0.3)) for b in (-1.0, 0.0) for g in (0.5, 1.0)] + [dict(method="monte_carlo", kernel="exp", n=100)])
+    analytic = sparsity_tables.Analytic.of(an)
+    assert (analytic.beta0, analytic.gamma1) == (0.0, 1.0)
+    m = sparsity_tables.sparsity_macros(sp, analytic)
+    assert m["softmax-attention"] == "0.550 $\\pm$ 0.635"
+    assert (m["identityFloor"], m["expMin"], m["mcN"], m["relu2AtZero"]) == ("0.900", "0.100", "100", "0.300")
+
+
+def test_geometry_table_pools_layers():
+    geo = pd.DataFrame([dict(arch="grassmann", quantity=q, stat=s, offset=0, seed=seed, layer=layer, value=v + layer)
+                        for q, s, v in (("pair_angle", "q50", 30.0), ("plane_angle_1", "q50", 10.0),
+                                        ("plane_angle_2", "q50", 60.0), ("plucker_residual_used", "max", 1e-7))
+                        for seed in (0, 1) for layer in (0, 1)]
+                       + [dict(arch="tssa", quantity="compression_term", stat="mean", offset=0, seed=0, layer=0, value=2.0)])
+    gr = geometry_tables.grassmann_rows(geo)
+    assert len(geometry_tables.compression_rows(geo)) == 1 and set(gr.arch) == {"grassmann"}
+    assert "1 & 1.0e+00 & 31.0 & 11.0 & 61.0" in geometry_tables.geometry_table(gr)
+    m = geometry_tables.geometry_macros(gr)
+    assert (m["layer1-pair"], m["layer0-plane2"], m["numLayers"]) == ("31.0", "60.0", "2")
+    assert geometry_tables.pooled(gr, "pair_angle", "q50")["mean"].tolist() == [30.0, 31.0]
+
+
+def test_claims_table_and_macros():
+    claims = pd.DataFrame([dict(id="c1", claim="x_1", source="a paper", reported="1", ours="2 ± 1", measured_on="m",
+                                verdict="agrees", why="fine"),
+                           dict(id="c2", claim="y", source="b", reported="1", ours="--", measured_on="m",
+                                verdict="not testable", why="too small")])
+    tex = claims_tables.claims_table(claims)
+    assert "\\textbf{c1}: x\\_1 \\emph{(a paper)}" in tex and "\\textcolor{untestable}{not testable}: too small" in tex
+    m = claims_tables.claims_macros(claims)
+    assert (m["numClaims"], m["numAgree"], m["numUntestable"], m["c1-ours"]) == ("2", "1", "1", "2 $\\pm$ 1")
+
+
+def test_throughput_table_fills_missing_lengths():
+    tp = pd.DataFrame([dict(arch=a, seq_len=L, batch=64 // L, tokens_per_s=t, ratio_to_softmax=r, device_name="CPU", threads=1,
+                            d_model=16, n_layers=2, d_ff_mult=0.0, vocab_size=64, repeats=3, steps=2)
+                       for a, L, t, r in (("softmax", 8, 1000.0, 1.0), ("softmax", 16, 900.0, 1.0), ("linear", 8, 1500.0, 1.5))])
+    assert throughput_tables.setting(tp) == "CPU, 1 thread; $d=16$, 2 layers, no feed-forward, vocabulary 64"
+    tex = throughput_tables.throughput_table(tp)
+    assert "Softmax & 1,000 & 1.00 & 900 & 1.00" in tex and "Linear (elu+1) & 1,500 & 1.50 & -- & --" in tex
+    assert "$L=16$ ($B=4$)" in tex
+
+
+@pytest.mark.parametrize("module", [claims_tables, complexity_tables, geometry_tables, quality_tables, recall_tables,
+                                    sparsity_tables, throughput_tables])
+def test_report_tables_do_not_import_torch(module):
+    # The notebooks' library code reads results files only: no model, no torch.
+    import subprocess
+    import sys
+
+    code = f"import sys, {module.__name__}; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_each_notebooks_module_is_an_input_of_its_rule():
+    """A notebook's tables are computed in its seqmix.report module: editing that module must
+    rerun the notebook, as editing the notebook does (notebooks/outputs.yaml)."""
+    import re
+
+    import yaml
+
+    from .conftest import REPO
+
+    outputs = yaml.safe_load((REPO / "notebooks" / "outputs.yaml").read_text())
+    for name, entry in outputs.items():
+        code = "".join("".join(c["source"]) for c in json.loads((REPO / "notebooks" / f"{name}.ipynb").read_text())["cells"])
+        modules = set(re.findall(r"from seqmix\.report\.(\w+_tables) import", code))
+        assert modules, f"{name}.ipynb computes its tables itself"
+        assert {f"src:src/seqmix/report/{m}.py" for m in modules} <= set(entry["inputs"]), name
