@@ -392,6 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
               "make it (what the Snakefile builds its rules from; seqmix.dag caches it)")
     sp.add_argument("--overrides", help="config keys over the file's, as a JSON object (snakemake's --config)")
 
+    _add_summaries(sub)
+    _add_analyses(sub)
+    return p
+
+
+def _add_summaries(sub) -> None:
+    """The commands that plan, summarise or describe a study rather than run its jobs."""
     sp = _add(sub, "plan", cmd_plan, "what the study costs (runs, tokens, FLOPs, memory, H100 hours) and what "
               "would fail at its shapes")
     sp.add_argument("--mfu", type=float, default=0.05, help="assumed model FLOP utilisation (default 0.05)")
@@ -426,9 +433,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = _add(sub, "schema", cmd_schema, "the JSON schema of a config file (every task kind and mixer)", config=False)
     sp.add_argument("--out", help="write it here (workflow/schemas/config.schema.json) instead of stdout")
-
-    _add_analyses(sub)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
