@@ -58,7 +58,7 @@ include: "workflow/rules/report.smk"
 # that cannot be met, bf16 on a machine without a GPU, analysis lengths beyond its memory)
 # stops the run here, each problem with its config key and the fix (seqmix.plan.preflight).
 onstart:
-    from seqmix.plan import preflight
+    from seqmix.preflight import preflight
 
     _problems = preflight(STUDY, local=workflow.local_exec)
     if _problems:

@@ -5,40 +5,29 @@ from __future__ import annotations
 import pytest
 import torch
 
+from seqmix import measure
 from seqmix.config import validate_config
+from seqmix.measure import GIB, Count, step_bytes
 from seqmix.models.budget import BudgetError, solve_budget
 from seqmix.models.lm import CausalLM, LMConfig
-from seqmix.plan import (
-    GIB,
-    README_BEGIN,
-    README_END,
-    LiveBytes,
-    budget_problems,
-    complexity_problems,
-    flop_counter,
-    measure_step,
-    plan_rows,
-    precision_problems,
-    splice_between,
-    step_bytes,
-    totals,
-)
+from seqmix.plan import README_BEGIN, README_END, measure_step, plan_rows, splice_between, totals
+from seqmix.preflight import budget_problems, complexity_problems, precision_problems
 from seqmix.study import run_spec, runs
 from seqmix.tasks import task_class
 
 from .conftest import tiny_config
 
 
-def test_live_bytes_counts_allocations_until_they_are_freed():
-    with LiveBytes() as live:
+def test_live_bytes_count_allocations_until_they_are_freed():
+    with Count() as count:
         a = torch.ones(1000)  # 4,000 bytes
         b = a * 2  # 8,000 live
         del a
         c = b + 1  # 8,000 again: a was freed
         v = c.view(10, 100)  # a view is no new memory
         c.add_(1)  # nor is an in-place result
-        assert live.live == 8000
-    assert live.peak == 8000 and v.shape == (10, 100)
+        assert count.live == 8000
+    assert count.peak == 8000 and v.shape == (10, 100)
 
 
 def _study(tmp_path, **changes):
@@ -71,37 +60,56 @@ def test_the_step_is_counted_on_the_real_model(tmp_path):
     model = CausalLM(LMConfig(arch="softmax", vocab_size=V, max_len=L, d_model=d, n_layers=1, dropout=0.0,
                               mixer_options=spec.mixer_options))
     task = task_class(spec.kind).without_data(spec)
-    with torch.no_grad(), flop_counter() as fc:
+    with torch.no_grad(), Count() as count:
         task.loss(model.eval(), task.example_batch(B, "cpu"))
-    assert fc.get_total_flops() == step.eval_flops
+    assert count.flops == step.eval_flops
 
 
-@pytest.mark.parametrize("arch", ["mamba", "softmax"])
-def test_step_memory_extended_from_two_small_batches_matches_the_batch(tmp_path, arch):
-    """Activations and the forward+backward peak at batch 8, extended from batches 1 and 2,
-    against the same step measured at batch 8 (Mamba's backward holds ~1.8x its activations)."""
-    spec = run_spec(_study(tmp_path, **{"tasks.mqar.train.batch_size": 8}), "mqar", arch, 0)
+@pytest.mark.parametrize("arch", ["mamba", "softmax", "h3"])
+@pytest.mark.parametrize("batch", [8, 64])
+def test_step_memory_extended_from_two_small_batches_matches_the_batch(tmp_path, arch, batch):
+    """Activations and the forward+backward peak at the batch, extended from batches 2 and 3,
+    equal the same step counted at the batch. The peak is extended moment by moment: at
+    batch 64 it falls earlier in the backward pass than at batch 2 or 3 (the activations
+    outweigh the gradients), where extending the small batches' peaks falls short."""
+    study = _study(tmp_path, **{"architectures": [arch], "tasks.mqar.train.batch_size": batch})
+    spec = run_spec(study, "mqar", arch, 0)
     task = task_class(spec.kind).without_data(spec)
     model = CausalLM(LMConfig(arch=arch, vocab_size=32, max_len=16, d_model=16, n_layers=1, d_ff_mult=4.0,
                               block=spec.model.block, mixer_options=spec.mixer_options)).eval()
-    activations, peak = step_bytes(task, model, 8)
-    with LiveBytes() as live:
-        loss = task.loss(model, task.example_batch(8, "cpu"))
-        held = live.live
+    small = measure.small_steps(task, model)
+    activations, peak = step_bytes(task, model, batch, small=small)
+    with Count() as count:
+        loss = task.loss(model, task.example_batch(batch, "cpu"))
+        held = count.live
         loss.backward()
-    assert activations == pytest.approx(held, rel=0.05)
-    assert peak == pytest.approx(live.peak, rel=0.10) and peak >= activations
+    assert (activations, peak) == (held, count.peak) and peak >= activations
+
+
+def test_the_peak_is_extended_where_it_falls_at_the_batch(tmp_path):
+    """A model whose gradients outweigh a small batch's activations: at batches 2 and 3 the
+    peak falls at the end of the backward pass, at batch 256 early in it. Extending the small
+    batches' peaks misses a third of it; extending every moment does not."""
+    spec = run_spec(_study(tmp_path, **{"tasks.mqar.train.batch_size": 256}), "mqar", "softmax", 0)
+    task = task_class(spec.kind).without_data(spec)
+    model = CausalLM(LMConfig(arch="softmax", vocab_size=256, max_len=16, d_model=128, n_layers=2, d_ff_mult=0,
+                              block="pre", mixer_options=spec.mixer_options)).eval()
+    small = measure.small_steps(task, model)
+    with Count() as count:
+        task.loss(model, task.example_batch(256, "cpu")).backward()
+    assert measure.extend_peak(small, 256) == count.peak
+    assert measure.extend(small.peaks, 256) < 0.8 * count.peak
 
 
 def test_a_training_step_beyond_the_machines_memory_is_refused(tmp_path, monkeypatch):
-    import seqmix.plan as plan
+    from seqmix.train.loop import memory_problem
 
     spec = run_spec(_study(tmp_path), "mqar", "mamba", 0)
     task = task_class(spec.kind).without_data(spec)
     model = CausalLM(LMConfig(arch="mamba", vocab_size=32, max_len=16, d_model=16, n_layers=1, block="pre_rms"))
-    assert plan.memory_problem(task, model, 4, torch.device("cpu")) is None
-    monkeypatch.setattr(plan, "available_memory", lambda device: 1000.0)
-    problem = plan.memory_problem(task, model, 4, torch.device("cpu"))
+    assert memory_problem(task, model, 4, torch.device("cpu")) is None
+    monkeypatch.setattr(measure, "available_memory", lambda device: 1000.0)
+    problem = memory_problem(task, model, 4, torch.device("cpu"))
     assert problem.startswith("a training step of mqar/mamba/seed0 needs about") and "lower train.batch_size" in problem
 
 

@@ -191,11 +191,11 @@ def cmd_throughput(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from seqmix import plan
+    from seqmix import plan, preflight
     from seqmix.io import write_csv, write_text
 
     study = load_config(args.config)
-    problems = plan.preflight(study, local=not args.no_local_checks)
+    problems = preflight.preflight(study, local=not args.no_local_checks)
     for p in problems:
         print(f"problem: {p}", file=sys.stderr)
     progress = None if args.quiet else (lambda what: print(f"counting {what}", file=sys.stderr))
