@@ -388,6 +388,14 @@ def training_step_bytes(task, model: torch.nn.Module, batch_size: int, device="c
     return step_bytes(task, model, batch_size, device)[1] + STATE_BYTES_PER_PARAM * params
 
 
+def activation_floor(batch_size: int, length: int, d_model: int, n_layers: int, value_bytes: int = 4) -> float:
+    """Bytes a training step of a residual stack keeps at least, from its shapes alone (no
+    model built): the embedding and every block leave a fresh (batch, length, d_model) tensor
+    that the next layer saves for its backward pass (a norm's or a linear layer's input), so
+    n_layers + 1 of them are alive when the backward pass starts."""
+    return float((n_layers + 1) * batch_size * length * d_model * value_bytes)
+
+
 def available_memory(device: str) -> float:
     """Bytes a job can use: the GPU's memory, or the host's available memory."""
     if device != "cpu" and torch.cuda.is_available():

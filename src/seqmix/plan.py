@@ -6,8 +6,9 @@ builds it (budget solved, its block, its mixer options), without any data
 on the CPU in fp32 under ``measure.Count`` (FLOPs of the ops it has formulas for: linear,
 bmm, convolution, SDPA, FFTs, Mamba's fused scan; elementwise work such as eager scans is not
 counted; SDPA's CPU kernel is counted as its GPU kernels), FLOPs at batch 1 and memory at
-batches 2 and 3, extended to the run's batch (``measure.small_steps``). Per task and
-architecture:
+batches 2 and 3, extended to the run's batch (``measure.small_steps``). A run whose step could not even be
+counted here (its activations alone beyond this machine's memory at batch 3) is refused
+first, as ``preflight`` refuses limits its data decide. Per task and architecture:
 
     runs          training runs (sweep points × seeds)
     params        parameters of the model (the largest over a sweep)
@@ -36,8 +37,9 @@ from typing import Any
 import torch
 
 from seqmix import catalogue, measure
+from seqmix.errors import ConfigError
 from seqmix.measure import GIB, STATE_BYTES_PER_PARAM
-from seqmix.preflight import cost_key, solved_size
+from seqmix.preflight import cost_key, solved_size, step_floor_problem
 from seqmix.sections import Study
 from seqmix.spec import RunSpec
 from seqmix.study import run_spec, task_architectures, variants
@@ -60,7 +62,13 @@ class StepCost:
 
 
 def measure_step(spec: RunSpec) -> StepCost:
-    """One training step of ``spec``'s model at its batch size (module docstring)."""
+    """One training step of ``spec``'s model at its batch size (module docstring); refused
+    (ConfigError) before the model is built where the activations of the batches it is
+    counted at alone would not fit this machine."""
+    problem = step_floor_problem(spec, max(measure.MEMORY_BATCHES), measure.available_memory("cpu"),
+                                 "this machine, which counts it,")
+    if problem is not None:
+        raise ConfigError(f"cannot count it: {problem}")
     task = task_class(spec.kind).without_data(spec)
     size = solved_size(spec)
     torch.manual_seed(0)

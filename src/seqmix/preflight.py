@@ -1,9 +1,18 @@
 """What would make a study fail at its shapes, found before the first job: ``snakemake`` runs
-``preflight`` in its ``onstart`` (not in a dry run), and ``python -m seqmix plan`` prints it
-first. Each problem is one line naming the config key and the fix: budgets that cannot be
-met within their tolerance (solved on the meta device), bf16 autocast without a GPU, and the
-complexity analysis's longest length where a mixer's forward and backward would need more
-memory than the machine has (counted under FakeTensorMode, so L = 65,536 costs no memory).
+``preflight`` in its ``onstart`` (not in a dry run), and ``python -m seqmix plan`` checks the
+same before it counts anything. Each problem is one line naming the config key and the fix.
+Nothing is built at a size that can fail: the checks go cheapest first.
+
+- ``shape_problems``: limits the data decide (``Task.limit_problems``, e.g. a WikiText-2 block
+  longer than a split, from the manifest's token counts or a bound from the raw files), a
+  sparsity crop longer than an encoder task's inputs, and, for jobs on this machine, a
+  training step whose activations alone (``measure.activation_floor``, from the shapes)
+  exceed the memory of the device it runs on. Training measures the whole step again
+  before its step 1.
+- ``setup_problems``: budgets that cannot be met within their tolerance (solved on the meta
+  device), bf16 autocast without a GPU, and the complexity analysis's longest length where a
+  mixer's forward and backward would need more memory than the machine has (counted under
+  FakeTensorMode, so L = 65,536 costs no memory).
 """
 
 from __future__ import annotations
@@ -17,7 +26,13 @@ from seqmix.measure import GIB
 from seqmix.models.budget import BudgetError, Size, solve_budget
 from seqmix.sections import Study
 from seqmix.spec import RunSpec
-from seqmix.study import complexity_architectures, run_spec, task_architectures, variants
+from seqmix.study import (
+    complexity_architectures,
+    run_spec,
+    sparsity_runs,
+    task_architectures,
+    variants,
+)
 from seqmix.tasks import task_class
 
 
@@ -49,6 +64,89 @@ def solved_size(spec: RunSpec) -> Size:
         _SIZES[key] = solve_budget(task.build_model, d_model=m.d_model, n_layers=m.n_layers,
                                    d_ff_mult=m.d_ff_mult, **m.budget.model_dump())
     return _SIZES[key]
+
+
+# ------------------------------------------------------------------------------------------
+# Shapes: limits the data decide, and memory no model need be built to know.
+# ------------------------------------------------------------------------------------------
+
+
+def data_limit_problems(study: Study) -> dict[str, list[str]]:
+    """Each task's data limits (``Task.limit_problems``), by task as configured (group)."""
+    problems: dict[str, list[str]] = {}
+    for spec in cost_specs(study):
+        if spec.group not in problems:  # the points of a sweep share their group's settings
+            problems[spec.group] = task_class(spec.kind).limit_problems(spec)
+    return {group: found for group, found in problems.items() if found}
+
+
+def crop_problems(study: Study) -> list[str]:
+    """The sparsity analysis crops held-out inputs of encoder tasks to ``crop_len`` tokens: a
+    task whose inputs are all shorter has none to give it."""
+    crop, problems = study.analysis.sparsity.crop_len, []
+    for name in dict.fromkeys(r.task for r in sparsity_runs(study)):
+        v = next(v for v in variants(study) if v.name == name)
+        cls = task_class(v.kind)
+        if cls.is_language_model:
+            continue
+        longest = cls.without_data(run_spec(study, name, task_architectures(study, v)[0], 0)).sequence_length
+        if longest is not None and crop > longest:
+            problems.append(f"config key 'analysis.sparsity.crop_len' ({crop}) is longer than every input of task "
+                            f"'{name}' (at most {longest} tokens): the sparsity analysis would find no held-out "
+                            f"input to crop; set crop_len <= {longest}")
+    return problems
+
+
+def step_floor_problem(spec: RunSpec, batch_size: int, have: float, where: str) -> str | None:
+    """A training step of ``spec`` at ``batch_size`` whose activations alone, from its shapes,
+    exceed ``have`` bytes (``where``: the device, in words); None when they fit or the task
+    states no sequence length. Builds no model (its width is solved on the meta device)."""
+    task = task_class(spec.kind).without_data(spec)
+    length = task.sequence_length
+    if length is None:
+        return None
+    try:
+        size = solved_size(spec)
+    except BudgetError:
+        return None  # budget_problems says so
+    value_bytes = 2 if spec.train.precision == "bf16" else 4
+    floor = measure.activation_floor(batch_size, length, size.d_model, size.n_layers, value_bytes)
+    if floor <= have:
+        return None
+    key = f"tasks.{spec.group}"
+    return (f"a training step of {spec.task}/{spec.arch} keeps at least {floor / GIB:,.1f} GiB of activations "
+            f"(batch {batch_size} x {length:,} tokens x d_model {size.d_model} x {size.n_layers + 1} layer "
+            f"outputs, {value_bytes} bytes each) and {where} has {have / GIB:.1f} GiB: lower config key "
+            f"'{key}.{task.length_key}' or '{key}.train.batch_size', or run it where there is more memory")
+
+
+def memory_problems(study: Study, skip_groups: set[str] = frozenset()) -> list[str]:
+    """Every run whose training step cannot fit the device it would run on here."""
+    problems = []
+    for spec in cost_specs(study):
+        if spec.group in skip_groups:
+            continue
+        device = spec.train.device
+        where = "the GPU" if device != "cpu" and torch.cuda.is_available() else "this machine"
+        problem = step_floor_problem(spec, spec.train.batch_size, measure.available_memory(device), where)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def shape_problems(study: Study, local: bool = True) -> list[str]:
+    """Limits the data decide and (``local``: the jobs run here) steps beyond this machine's
+    memory; cheap, and checked before anything is built."""
+    by_group = data_limit_problems(study)
+    problems = [p for found in by_group.values() for p in found] + crop_problems(study)
+    if local:  # a task refused for its data is not sized as well: its shapes are the problem
+        problems += memory_problems(study, skip_groups=set(by_group))
+    return problems
+
+
+# ------------------------------------------------------------------------------------------
+# Setup: budgets, precision, the complexity analysis's lengths.
+# ------------------------------------------------------------------------------------------
 
 
 def budget_problems(study: Study) -> list[str]:
@@ -121,4 +219,4 @@ def setup_problems(study: Study, local: bool = True) -> list[str]:
 def preflight(study: Study, local: bool = True) -> list[str]:
     """Problems that would make the study fail at its shapes, one line each (empty: none).
     ``local``: the jobs run on this machine (its memory and GPU are checked too)."""
-    return setup_problems(study, local)
+    return shape_problems(study, local) + setup_problems(study, local)
