@@ -80,8 +80,8 @@ def test_step_memory_extended_from_two_small_batches_matches_the_batch(tmp_path,
     task = task_class(spec.kind).without_data(spec)
     model = CausalLM(LMConfig(arch=arch, vocab_size=32, max_len=16, d_model=16, n_layers=1, d_ff_mult=4.0,
                               block=spec.model.block, mixer_options=spec.mixer_options)).eval()
-    small = measure.small_steps(task, model)
-    activations, peak = step_bytes(task, model, batch, small=small)
+    small = measure.small_steps(lambda b: task.loss(model, task.example_batch(b, "cpu")), model)
+    activations, peak = step_bytes(small, batch)
     with Count() as count:
         loss = task.loss(model, task.example_batch(batch, "cpu"))
         held = count.live
@@ -97,7 +97,7 @@ def test_the_peak_is_extended_where_it_falls_at_the_batch(tmp_path):
     task = task_class(spec.kind).without_data(spec)
     model = CausalLM(LMConfig(arch="softmax", vocab_size=256, max_len=16, d_model=128, n_layers=2, d_ff_mult=0,
                               block="pre", mixer_options=spec.mixer_options)).eval()
-    small = measure.small_steps(task, model)
+    small = measure.small_steps(lambda b: task.loss(model, task.example_batch(b, "cpu")), model)
     with Count() as count:
         task.loss(model, task.example_batch(256, "cpu")).backward()
     assert measure.extend_peak(small, 256) == count.peak
@@ -363,7 +363,8 @@ def test_the_activation_floor_is_below_what_a_step_keeps(tmp_path, arch):
     spec = run_spec(_study(tmp_path, **{"architectures": [arch], "tasks.mqar.model.n_layers": 2}), "mqar", arch, 0)
     task = task_class(spec.kind).without_data(spec)
     model = task.build_model(spec.model.d_model, spec.model.n_layers)
-    activations, _ = step_bytes(task, model, spec.train.batch_size)
+    small = measure.small_steps(lambda b: task.loss(model, task.example_batch(b, "cpu")), model)
+    activations, _ = step_bytes(small, spec.train.batch_size)
     floor = measure.activation_floor(spec.train.batch_size, task.sequence_length, spec.model.d_model,
                                      spec.model.n_layers)
     assert floor <= activations

@@ -308,8 +308,9 @@ def count_mixer(mixer: torch.nn.Module, seq_len: int, batch: int, fake: bool = T
 
 
 # ------------------------------------------------------------------------------------------
-# One training step of a model (the plan, the preflight, training's memory check). ``task``
-# is anything with ``example_batch(batch_size, device)`` and ``loss(model, batch)``.
+# One training step of a model (the plan, training's memory check). ``loss_at(b)`` runs the
+# model's forward pass on a made-up batch of b and returns its loss (the caller's task makes
+# the batch and the loss: nothing here knows tasks or run specs).
 # ------------------------------------------------------------------------------------------
 
 
@@ -319,7 +320,6 @@ class SmallSteps:
 
     forward_flops: float  # at batch 1
     backward_flops: float  # at batch 1
-    tokens: int  # at batch 1
     held: tuple[float, float]  # at batches 2 and 3: bytes the forward pass keeps for the backward pass
     peaks: tuple[float, float]  # at batches 2 and 3: the most bytes alive at once in both passes
     timelines: tuple[tuple[int, ...], tuple[int, ...]]  # at batches 2 and 3: live bytes after every allocation
@@ -328,7 +328,7 @@ class SmallSteps:
 MEMORY_BATCHES = (2, 3)  # not 1: at batch 1 some copies are views (a size-1 dim's stride is free)
 
 
-def small_steps(task, model: torch.nn.Module, device="cpu") -> SmallSteps:
+def small_steps(loss_at: Callable[[int], torch.Tensor], model: torch.nn.Module) -> SmallSteps:
     """Counts of a forward and backward pass at batches 1, 2 and 3: FLOPs at batch 1 (they
     are linear in the batch), memory at batches 2 and 3 (after the pass at batch 1, so that
     caches a mixer fills on its first call, e.g. a sliding window's mask, exist: both passes
@@ -338,18 +338,16 @@ def small_steps(task, model: torch.nn.Module, device="cpu") -> SmallSteps:
     passes, was_training = [], model.training
     model.eval()
     for b in (1, *MEMORY_BATCHES):
-        batch = task.example_batch(b, device)
         with Count(timeline=b in MEMORY_BATCHES) as c:
-            loss = task.loss(model, batch)
+            loss = loss_at(b)
             held, forward = c.live, c.flops
             loss.backward()
         passes.append((held, c.peak, forward, c.flops - forward, tuple(c.timeline or ())))
         del loss
         model.zero_grad(set_to_none=True)
     model.train(was_training)
-    tokens = int(task.example_batch(1, device)[0].numel())
     (_, _, forward, backward, _), two, three = passes
-    return SmallSteps(forward, backward, tokens, (two[0], three[0]), (two[1], three[1]), (two[4], three[4]))
+    return SmallSteps(forward, backward, (two[0], three[0]), (two[1], three[1]), (two[4], three[4]))
 
 
 def extend(pair: tuple[float, float], batch_size: int) -> float:
@@ -371,21 +369,19 @@ def extend_peak(small: SmallSteps, batch_size: int) -> float:
     return float(max(extend((a, b), batch_size) for a, b in zip(one, two)))
 
 
-def step_bytes(task, model: torch.nn.Module, batch_size: int, device="cpu",
-               small: SmallSteps | None = None) -> tuple[float, float]:
+def step_bytes(small: SmallSteps, batch_size: int) -> tuple[float, float]:
     """(activations, peak) of one forward and backward pass at ``batch_size``: the bytes the
     forward pass keeps for the backward pass, and the most alive at once during both
-    (gradients included), measured at batches of 1 and 2 and extended (``extend_peak``;
-    nothing at the full batch is allocated)."""
-    small = small or small_steps(task, model, device)
+    (gradients included), from the passes at batches 2 and 3 (``extend_peak``; nothing at
+    the full batch is allocated)."""
     return extend(small.held, batch_size), extend_peak(small, batch_size)
 
 
-def training_step_bytes(task, model: torch.nn.Module, batch_size: int, device="cpu") -> float:
+def training_step_bytes(loss_at: Callable[[int], torch.Tensor], model: torch.nn.Module, batch_size: int) -> float:
     """The most memory one training step holds: the peak of its forward and backward passes
     plus fp32 weights and AdamW's two moments."""
     params = sum(p.numel() for p in model.parameters())
-    return step_bytes(task, model, batch_size, device)[1] + STATE_BYTES_PER_PARAM * params
+    return step_bytes(small_steps(loss_at, model), batch_size)[1] + STATE_BYTES_PER_PARAM * params
 
 
 def activation_floor(batch_size: int, length: int, d_model: int, n_layers: int, value_bytes: int = 4) -> float:

@@ -6,9 +6,10 @@ builds it (budget solved, its block, its mixer options), without any data
 on the CPU in fp32 under ``measure.Count`` (FLOPs of the ops it has formulas for: linear,
 bmm, convolution, SDPA, FFTs, Mamba's fused scan; elementwise work such as eager scans is not
 counted; SDPA's CPU kernel is counted as its GPU kernels), FLOPs at batch 1 and memory at
-batches 2 and 3, extended to the run's batch (``measure.small_steps``). A run whose step could not even be
-counted here (its activations alone beyond this machine's memory at batch 3) is refused
-first, as ``preflight`` refuses limits its data decide. Per task and architecture:
+batches 2 and 3, extended to the run's batch (``measure.small_steps``). A run whose step
+could not even be counted here (its activations alone beyond this machine's memory at
+batch 3) is refused first, as ``preflight`` refuses limits its data decide. Per task and
+architecture:
 
     runs          training runs (sweep points × seeds)
     params        parameters of the model (the largest over a sweep)
@@ -73,12 +74,13 @@ def measure_step(spec: RunSpec) -> StepCost:
     size = solved_size(spec)
     torch.manual_seed(0)
     model = task.build_model(size.d_model, size.n_layers, size.d_ff_mult)
-    small = measure.small_steps(task, model)
+    small = measure.small_steps(lambda b: task.loss(model, task.example_batch(b, "cpu")), model)
     B = spec.train.batch_size
-    activations, peak = measure.step_bytes(task, model, B, small=small)
+    activations, peak = measure.step_bytes(small, B)
+    tokens = int(task.example_batch(1, "cpu")[0].numel())
     # FLOPs are linear in the batch (there is no per-batch matmul work): batch 1 times B.
     return StepCost(size.params, B * (small.forward_flops + small.backward_flops), B * small.forward_flops,
-                    activations, peak, B * small.tokens)
+                    activations, peak, B * tokens)
 
 
 def run_cost(spec: RunSpec, step: StepCost) -> tuple[float, int]:

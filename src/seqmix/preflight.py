@@ -187,9 +187,13 @@ def mixer_peak_bytes(arch: str, d_model: int, seq_len: int, batch: int) -> float
         with FakeTensorMode():
             mixer = mixers.build(arch, d_model, causal=entry.causal, max_len=seq_len)
             x = torch.randn(batch, seq_len, d_model, requires_grad=True)
-            with measure.Count() as count:
-                mixer(x).sum().backward()
-        return float(count.peak)
+            work = measure.WorkCounter()  # bytes only: no FLOP counter in the way
+            try:
+                with work:
+                    mixer(x).sum().backward()
+            finally:
+                work.close()
+        return float(work.peak)
     except Exception:  # noqa: BLE001 - data-dependent ops: no estimate, not a failure
         return None
 

@@ -76,10 +76,14 @@ def check_precision(train: TrainSpec, device: torch.device) -> None:
 
 
 def memory_problem(task: Task, model: torch.nn.Module, batch_size: int, device: torch.device) -> str | None:
-    """A training step that cannot fit this machine: its forward and backward at batch 1 and 2
+    """A training step that cannot fit this machine: its forward and backward at small batches
     extended to ``batch_size``, weights and AdamW's moments (``measure.training_step_bytes``)
     against the memory it has; None if it fits."""
-    need = measure.training_step_bytes(task, model, batch_size, device)
+
+    def loss_at(b: int) -> torch.Tensor:
+        return task.loss(model, task.example_batch(b, device))
+
+    need = measure.training_step_bytes(loss_at, model, batch_size)
     have = measure.available_memory(device.type)
     if need <= have:
         return None
