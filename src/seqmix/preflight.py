@@ -42,14 +42,21 @@ def cost_key(spec: RunSpec) -> str:
                        spec.mixer_options, spec.train.batch_size], sort_keys=True)
 
 
+_SPECS: dict[int, tuple[Study, list[RunSpec]]] = {}
+
+
 def cost_specs(study: Study) -> list[RunSpec]:
-    """One run spec (seed 0) per distinct per-step cost of the study, in config order."""
-    specs: dict[str, RunSpec] = {}
-    for v in variants(study):
-        for arch in task_architectures(study, v):
-            spec = run_spec(study, v.name, arch, 0)
-            specs.setdefault(cost_key(spec), spec)
-    return list(specs.values())
+    """One run spec (seed 0) per distinct per-step cost of the study, in config order (kept
+    per study: every check reads them, and building them expands every sweep again)."""
+    cached = _SPECS.get(id(study))
+    if cached is None or cached[0] is not study:
+        specs: dict[str, RunSpec] = {}
+        for v in variants(study):
+            for arch in task_architectures(study, v):
+                spec = run_spec(study, v.name, arch, 0)
+                specs.setdefault(cost_key(spec), spec)
+        _SPECS[id(study)] = cached = (study, list(specs.values()))
+    return cached[1]
 
 
 _SIZES: dict[str, Size] = {}
@@ -105,11 +112,16 @@ def step_floor_problem(spec: RunSpec, batch_size: int, have: float, where: str) 
     length = task.sequence_length
     if length is None:
         return None
+    value_bytes = 2 if spec.train.precision == "bf16" else 4
+    m, budget = spec.model, spec.model.budget
+    widest = budget.max_width if budget.params is not None and budget.solve == "width" else m.d_model
+    deepest = budget.max_depth if budget.params is not None and budget.solve == "depth" else m.n_layers
+    if measure.activation_floor(batch_size, length, widest, deepest, value_bytes) <= have:
+        return None  # fits at the largest size a budget can solve to: no need to solve it
     try:
         size = solved_size(spec)
     except BudgetError:
         return None  # budget_problems says so
-    value_bytes = 2 if spec.train.precision == "bf16" else 4
     floor = measure.activation_floor(batch_size, length, size.d_model, size.n_layers, value_bytes)
     if floor <= have:
         return None
