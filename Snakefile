@@ -38,9 +38,9 @@ include: "workflow/rules/report.smk"
 
 # Before the first job (not in a dry run): what would fail at this study's shapes (budgets
 # that cannot be met, bf16 on a machine without a GPU, analysis lengths beyond its memory)
-# stops the run here, each problem with its config key and the fix (seqmix.plan.preflight).
+# stops the run here, each problem with its config key and the fix (seqmix.preflight).
 onstart:
-    from seqmix.plan import preflight
+    from seqmix.preflight import preflight
 
     _problems = preflight(JOBS.study(), local=workflow.local_exec)
     if _problems:

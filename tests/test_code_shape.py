@@ -167,3 +167,68 @@ def test_a_mixer_name_lives_in_the_catalogue_and_its_own_module(name):
                     if re.search(rf"""["']{re.escape(name)}["']""", line.split("#")[0])]
         found += [f"{path.relative_to(REPO)}:{line}" for line in hits]
     assert not found, f"the mixer name {name!r} appears outside the catalogue and its module: {found}"
+
+
+# The stack, top to bottom (issue 26): a module imports only modules of its own layer or
+# below. (prefix, layer): the longest prefix that matches a module places it.
+STACK = [
+    ("seqmix.cli", 15), ("seqmix.__main__", 15),
+    ("seqmix.dag", 15),  # the Snakefile's entry point, as cli is the command line's (torch-free at import)
+    ("seqmix.report", 14),
+    ("seqmix.analysis", 13), ("seqmix.bench", 13),
+    ("seqmix.train", 12),
+    ("seqmix.plan", 11),
+    ("seqmix.preflight", 10),
+    ("seqmix.study", 9),
+    ("seqmix.config", 8),
+    ("seqmix.tasks", 7),
+    ("seqmix.data", 6),
+    ("seqmix.models", 5),
+    ("seqmix.measure", 4),  # below models/: the plan, the preflight, the analyses and training use it
+    ("seqmix.mixers", 3),
+    ("seqmix.kernels", 2),
+    ("seqmix.sections", 1), ("seqmix.spec", 1), ("seqmix.sweep", 1),
+    ("seqmix.catalogue", 0), ("seqmix.io", 0), ("seqmix.errors", 0), ("seqmix.allocator", 0), ("seqmix", 0),
+]
+# Known imports up the stack, each with the change that removes it.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
+
+
+def layer(module: str) -> int | None:
+    matches = [(len(prefix), rank) for prefix, rank in STACK if module == prefix or module.startswith(prefix + ".")]
+    return max(matches)[1] if matches else None
+
+
+def stack_graph() -> dict[str, set[str]]:
+    """The import graph with kernels/ (installed as seqmix.kernels) in it."""
+    mods = {**modules(), **{("seqmix.kernels" + ("" if p.stem == "__init__" else f".{p.stem}")): p
+                            for p in sorted((REPO / "kernels").glob("*.py"))}}
+    return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+
+
+def test_every_module_has_a_place_in_the_stack():
+    unplaced = sorted(m for m in stack_graph() if layer(m) is None)
+    assert not unplaced, f"give these a layer in STACK (tests/test_code_shape.py): {unplaced}"
+
+
+def test_no_import_runs_up_the_stack():
+    graph = stack_graph()
+    upward = {(a, b) for a, targets in graph.items() for b in targets
+              if None not in (layer(a), layer(b)) and layer(b) > layer(a)}
+    assert not upward - set(KNOWN_UPWARD), "imports up the stack: " + "; ".join(
+        f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})" for a, b in sorted(upward - set(KNOWN_UPWARD)))
+
+
+def test_training_imports_nothing_above_tasks_and_models():
+    graph = stack_graph()
+    above = sorted((a, b) for a, targets in graph.items() if a.startswith("seqmix.train") for b in targets
+                   if not b.startswith("seqmix.train") and layer(b) > layer("seqmix.tasks"))
+    assert not above, f"training imports above tasks/ and models/: {above}"
+
+
+def test_the_measurement_module_sits_below_models():
+    graph = stack_graph()
+    assert {b for b in graph["seqmix.measure"] if layer(b) >= layer("seqmix.models")} == set()
+    assert layer("seqmix.measure") < layer("seqmix.models")
+    users = {a for a, targets in graph.items() if "seqmix.measure" in targets}
+    assert {"seqmix.plan", "seqmix.preflight", "seqmix.analysis.complexity", "seqmix.train.loop"} <= users

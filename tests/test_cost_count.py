@@ -1,4 +1,4 @@
-"""Cost counts (seqmix.analysis.cost_count): the counters count what they say, fake and
+"""Cost counts (seqmix.measure): the counters count what they say, fake and
 real tensors give the same counts, and every mixer the catalogue calls linear-time grows
 no faster than that in counted FLOPs, bytes written and peak memory of one forward +
 backward, measured, not read from its ``flops()`` formula. The check catches a quadratic
@@ -12,8 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from seqmix import catalogue
-from seqmix.analysis import cost_count as cc
+from seqmix import catalogue, measure
 from seqmix.analysis.complexity import build_mixer
 from seqmix.mixers import performer as performer_module
 
@@ -47,7 +46,7 @@ def ideal_growth(cost: str, L: int) -> float:
 def growth_violations(arch: str, cost: str, lengths=LENGTHS, fake: bool = False) -> list[str]:
     """Each (measure, doubling) of ``arch``'s fwd+bwd counts that grows faster than ``cost``
     allows. Real tensors by default: at these sizes they count faster than fake ones."""
-    counts = {L: cc.count_mixer(build_mixer(arch, D, L, SMALL_SCALE.get(arch, {}), "cpu"), L, 1, fake=fake)
+    counts = {L: measure.count_mixer(build_mixer(arch, D, L, SMALL_SCALE.get(arch, {}), "cpu"), L, 1, fake=fake)
               for L in lengths}
     out = []
     for L0, L1 in zip(lengths, lengths[1:]):
@@ -120,7 +119,7 @@ def test_bytes_written_count_new_and_mutated_tensors_not_views():
         z[::2]  # a view
         torch.empty(0)
 
-    assert cc.count_call(fn)["bytes_written"] == 800
+    assert measure.count_call(fn)["bytes_written"] == 800
 
 
 def test_peak_follows_allocations_and_frees():
@@ -131,7 +130,7 @@ def test_peak_follows_allocations_and_frees():
         c = torch.empty(500)
         return b, c
 
-    assert cc.count_call(fn)["peak_bytes"] == 8000
+    assert measure.count_call(fn)["peak_bytes"] == 8000
 
 
 def test_peak_keeps_tensors_saved_for_backward():
@@ -144,28 +143,28 @@ def test_peak_keeps_tensors_saved_for_backward():
         torch.empty(1000)  # allocated while y is still held by the graph
         z.backward()
 
-    assert cc.count_call(fn)["peak_bytes"] >= 8000
+    assert measure.count_call(fn)["peak_bytes"] >= 8000
 
 
 def test_cpu_attention_and_fft_flops_are_counted():
     q, k, v = (torch.randn(1, 2, 64, 8) for _ in range(3))
-    sdpa = cc.count_call(lambda: F.scaled_dot_product_attention(q, k, v))["flops"]
-    dense = cc.count_call(lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)["flops"]
+    sdpa = measure.count_call(lambda: F.scaled_dot_product_attention(q, k, v))["flops"]
+    dense = measure.count_call(lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)["flops"]
     assert sdpa == dense == 4 * 2 * 64 * 64 * 8
-    assert cc.count_call(lambda: torch.fft.rfft(torch.randn(3, 1024)))["flops"] == 3 * 2.5 * 1024 * 10
+    assert measure.count_call(lambda: torch.fft.rfft(torch.randn(3, 1024)))["flops"] == 3 * 2.5 * 1024 * 10
 
 
 @pytest.mark.parametrize("arch", [m.name for m in catalogue.MIXERS])
 def test_fake_and_real_tensors_count_the_same(arch):
     mixer = build_mixer(arch, 16, 64, SMALL_SCALE.get(arch, {}), "cpu")
-    fake, real = cc.count_mixer(mixer, 64, 2, fake=True), cc.count_mixer(mixer, 64, 2, fake=False)
+    fake, real = measure.count_mixer(mixer, 64, 2, fake=True), measure.count_mixer(mixer, 64, 2, fake=False)
     assert real["count_mode"] == "real" and fake["count_mode"] in ("fake", "real")
     assert fake["flops_fwdbwd"] == real["flops_fwdbwd"] and fake["flops_fwd"] == real["flops_fwd"]
     # Meta kernels choose some output strides differently (e.g. elu_backward), which can
     # turn a later reshape into a copy on one side only: bytes agree within 5 %.
     for m in ("bytes_written_fwdbwd", "peak_fwdbwd_bytes", "bytes_written_fwd", "peak_fwd_bytes"):
         assert fake[m] == pytest.approx(real[m], rel=0.05), m
-    assert cc.count_mixer(mixer, 64, 2, fake=False) == real  # the same on every run
+    assert measure.count_mixer(mixer, 64, 2, fake=False) == real  # the same on every run
 
 
 @pytest.mark.parametrize("arch", [m.name for m in catalogue.MIXERS])
@@ -175,6 +174,6 @@ def test_fake_counting_leaves_the_mixer_usable_on_real_tensors(arch):
     # found by the paper smoke) must not hold fake tensors afterwards.
     L = 128
     mixer = build_mixer(arch, 16, L, {}, "cpu")
-    cc.count_mixer(mixer, L, 1, fake=True)
+    measure.count_mixer(mixer, L, 1, fake=True)
     x = torch.randn(1, L, 16)
     assert torch.isfinite(mixer(x)).all()

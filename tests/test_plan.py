@@ -2,43 +2,35 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
+from seqmix import measure
 from seqmix.config import validate_config
+from seqmix.measure import GIB, Count, step_bytes
 from seqmix.models.budget import BudgetError, solve_budget
 from seqmix.models.lm import CausalLM, LMConfig
-from seqmix.plan import (
-    GIB,
-    README_BEGIN,
-    README_END,
-    LiveBytes,
-    budget_problems,
-    complexity_problems,
-    flop_counter,
-    measure_step,
-    plan_rows,
-    precision_problems,
-    splice_between,
-    step_bytes,
-    totals,
-)
+from seqmix.plan import README_BEGIN, README_END, measure_step, plan_rows, splice_between, totals
+from seqmix.preflight import budget_problems, complexity_problems, precision_problems
 from seqmix.study import run_spec, runs
 from seqmix.tasks import task_class
 
-from .conftest import tiny_config
+from .conftest import REPO, tiny_config
 
 
-def test_live_bytes_counts_allocations_until_they_are_freed():
-    with LiveBytes() as live:
+def test_live_bytes_count_allocations_until_they_are_freed():
+    with Count() as count:
         a = torch.ones(1000)  # 4,000 bytes
         b = a * 2  # 8,000 live
         del a
         c = b + 1  # 8,000 again: a was freed
         v = c.view(10, 100)  # a view is no new memory
         c.add_(1)  # nor is an in-place result
-        assert live.live == 8000
-    assert live.peak == 8000 and v.shape == (10, 100)
+        assert count.live == 8000
+    assert count.peak == 8000 and v.shape == (10, 100)
 
 
 def _study(tmp_path, **changes):
@@ -71,37 +63,56 @@ def test_the_step_is_counted_on_the_real_model(tmp_path):
     model = CausalLM(LMConfig(arch="softmax", vocab_size=V, max_len=L, d_model=d, n_layers=1, dropout=0.0,
                               mixer_options=spec.mixer_options))
     task = task_class(spec.kind).without_data(spec)
-    with torch.no_grad(), flop_counter() as fc:
+    with torch.no_grad(), Count() as count:
         task.loss(model.eval(), task.example_batch(B, "cpu"))
-    assert fc.get_total_flops() == step.eval_flops
+    assert count.flops == step.eval_flops
 
 
-@pytest.mark.parametrize("arch", ["mamba", "softmax"])
-def test_step_memory_extended_from_two_small_batches_matches_the_batch(tmp_path, arch):
-    """Activations and the forward+backward peak at batch 8, extended from batches 1 and 2,
-    against the same step measured at batch 8 (Mamba's backward holds ~1.8x its activations)."""
-    spec = run_spec(_study(tmp_path, **{"tasks.mqar.train.batch_size": 8}), "mqar", arch, 0)
+@pytest.mark.parametrize("arch", ["mamba", "softmax", "h3"])
+@pytest.mark.parametrize("batch", [8, 64])
+def test_step_memory_extended_from_two_small_batches_matches_the_batch(tmp_path, arch, batch):
+    """Activations and the forward+backward peak at the batch, extended from batches 2 and 3,
+    equal the same step counted at the batch. The peak is extended moment by moment: at
+    batch 64 it falls earlier in the backward pass than at batch 2 or 3 (the activations
+    outweigh the gradients), where extending the small batches' peaks falls short."""
+    study = _study(tmp_path, **{"architectures": [arch], "tasks.mqar.train.batch_size": batch})
+    spec = run_spec(study, "mqar", arch, 0)
     task = task_class(spec.kind).without_data(spec)
     model = CausalLM(LMConfig(arch=arch, vocab_size=32, max_len=16, d_model=16, n_layers=1, d_ff_mult=4.0,
                               block=spec.model.block, mixer_options=spec.mixer_options)).eval()
-    activations, peak = step_bytes(task, model, 8)
-    with LiveBytes() as live:
-        loss = task.loss(model, task.example_batch(8, "cpu"))
-        held = live.live
+    small = measure.small_steps(lambda b: task.loss(model, task.example_batch(b, "cpu")), model)
+    activations, peak = step_bytes(small, batch)
+    with Count() as count:
+        loss = task.loss(model, task.example_batch(batch, "cpu"))
+        held = count.live
         loss.backward()
-    assert activations == pytest.approx(held, rel=0.05)
-    assert peak == pytest.approx(live.peak, rel=0.10) and peak >= activations
+    assert (activations, peak) == (held, count.peak) and peak >= activations
+
+
+def test_the_peak_is_extended_where_it_falls_at_the_batch(tmp_path):
+    """A model whose gradients outweigh a small batch's activations: at batches 2 and 3 the
+    peak falls at the end of the backward pass, at batch 256 early in it. Extending the small
+    batches' peaks misses a third of it; extending every moment does not."""
+    spec = run_spec(_study(tmp_path, **{"tasks.mqar.train.batch_size": 256}), "mqar", "softmax", 0)
+    task = task_class(spec.kind).without_data(spec)
+    model = CausalLM(LMConfig(arch="softmax", vocab_size=256, max_len=16, d_model=128, n_layers=2, d_ff_mult=0,
+                              block="pre", mixer_options=spec.mixer_options)).eval()
+    small = measure.small_steps(lambda b: task.loss(model, task.example_batch(b, "cpu")), model)
+    with Count() as count:
+        task.loss(model, task.example_batch(256, "cpu")).backward()
+    assert measure.extend_peak(small, 256) == count.peak
+    assert measure.extend(small.peaks, 256) < 0.8 * count.peak
 
 
 def test_a_training_step_beyond_the_machines_memory_is_refused(tmp_path, monkeypatch):
-    import seqmix.plan as plan
+    from seqmix.train.loop import memory_problem
 
     spec = run_spec(_study(tmp_path), "mqar", "mamba", 0)
     task = task_class(spec.kind).without_data(spec)
     model = CausalLM(LMConfig(arch="mamba", vocab_size=32, max_len=16, d_model=16, n_layers=1, block="pre_rms"))
-    assert plan.memory_problem(task, model, 4, torch.device("cpu")) is None
-    monkeypatch.setattr(plan, "available_memory", lambda device: 1000.0)
-    problem = plan.memory_problem(task, model, 4, torch.device("cpu"))
+    assert memory_problem(task, model, 4, torch.device("cpu")) is None
+    monkeypatch.setattr(measure, "available_memory", lambda device: 1000.0)
+    problem = memory_problem(task, model, 4, torch.device("cpu"))
     assert problem.startswith("a training step of mqar/mamba/seed0 needs about") and "lower train.batch_size" in problem
 
 
@@ -221,8 +232,199 @@ def test_every_rule_that_runs_a_command_declares_its_memory_runtime_and_benchmar
             if "shell:" not in body:
                 continue  # a target rule (all, analysis): no job runs
             checked.append(name)
-            for needed in ("mem_mb=", "runtime=", "benchmark:"):
-                if needed not in body:
-                    missing.append(f"{smk.name}: rule {name} has no {needed.rstrip('=:')}")
+            # Sizes come from the config's `resources` through seqmix.dag.Jobs.resources, which
+            # gives both keys for every rule (checked below), or are written out.
+            sized = "resources_of(" in body or ("mem_mb=" in body and "runtime=" in body)
+            for needed, present in (("mem_mb and runtime", sized), ("benchmark", "benchmark:" in body)):
+                if not present:
+                    missing.append(f"{smk.name}: rule {name} has no {needed}")
     assert {"train", "eval", "complexity", "throughput", "report", "(loop)"} <= set(checked)
     assert not missing, "\n".join(missing)
+
+
+def test_every_rule_size_the_dag_hands_out_has_memory_and_runtime(tmp_path):
+    """What resources_of gives a rule: both keys, for every size the config names."""
+    from seqmix.config import validate_config
+    from seqmix.dag import Jobs
+    from seqmix.study import job_table
+
+    from .conftest import tiny_config
+
+    jobs = Jobs(job_table(validate_config(tiny_config(tmp_path, None))))
+    for rule in jobs.table["resources"]:
+        assert set(jobs.resources(rule)) == {"mem_mb", "runtime"}, rule
+
+
+# ------------------------------------------------------------------------------------------
+# Limits the data or the shapes decide, refused before the first job (issue 27).
+# ------------------------------------------------------------------------------------------
+
+
+def _prepared_wikitext(data: Path, tokens: dict[str, int]) -> None:
+    """A tokenizer and a WikiText-2 directory prepared with it, with token streams of the
+    given lengths (the preflight reads only the manifest)."""
+    from seqmix.data.manifest import sha256_file, write_manifest
+
+    (data / "tokenizer").mkdir(parents=True)
+    (data / "tokenizer" / "tokenizer.json").write_text("{}")
+    (data / "wikitext2").mkdir()
+    for split, n in tokens.items():
+        np.save(data / "wikitext2" / f"{split}.npy", np.arange(n, dtype=np.int32) % 64)
+    record = {"vocab_size": 64, "sha256": sha256_file(data / "tokenizer" / "tokenizer.json")}
+    write_manifest(data / "wikitext2", {f"{s}.npy": {"tokens": n} for s, n in tokens.items()},
+                   {"dataset": "fake", "source": "test", "tokenizer": record,
+                    "splits": {s: {"tokens": n} for s, n in tokens.items()}})
+
+
+def _wikitext_study(tmp_path, mirror, block: int, **analysis):
+    cfg = tiny_config(tmp_path, mirror, archs=("softmax",))
+    cfg["tasks"] = {"wikitext2": {"block_size": block, **{k: cfg["tasks"]["mqar"][k] for k in ("model", "train")}}}
+    cfg["analysis"]["sparsity"]["tasks"] = ["wikitext2"]
+    cfg["analysis"].update(analysis)
+    return cfg
+
+
+def test_a_block_longer_than_a_prepared_split_is_refused_with_the_train_jobs_message(tmp_path):
+    from seqmix.data.manifest import DataError
+    from seqmix.preflight import shape_problems
+    from seqmix.tasks import make_task
+
+    _prepared_wikitext(tmp_path / "data", {"train": 50, "validation": 10, "test": 30})
+    study = validate_config(_wikitext_study(tmp_path, None, 16))
+    manifest = tmp_path / "data" / "wikitext2" / "manifest.json"
+    expected = (f"config key 'tasks.wikitext2.block_size' (16) is too long for the validation split (eval_split): "
+                f"it has 10 tokens ({manifest}) and needs at least 17; set block_size <= 9, or choose a longer "
+                "split for 'eval_split'")
+    assert shape_problems(study, local=False) == [expected]
+    with pytest.raises(DataError) as e:  # the train job's own check, should the data change after
+        make_task(run_spec(study, "wikitext2", "softmax", 0))
+    assert str(e.value) == expected
+    assert shape_problems(validate_config(_wikitext_study(tmp_path, None, 9)), local=False) == []
+
+
+def test_a_block_longer_than_the_raw_files_is_refused_before_the_data_are_prepared(tmp_path, mirror):
+    from seqmix.preflight import shape_problems
+
+    study = validate_config(_wikitext_study(tmp_path, mirror, 3_000_000))
+    problems = shape_problems(study, local=False)
+    valid, test = (mirror / "wikitext-2-raw" / f"{s}.txt" for s in ("valid", "test"))
+    assert [p.split(":")[0] for p in problems] == ["config key 'tasks.wikitext2.block_size' (3000000) is too long "
+                                                   f"for the {s} split ({k}_split)" for s, k in
+                                                   (("validation", "eval"), ("test", "test"))]
+    size = valid.stat().st_size
+    assert (f"it has at most {size:,} tokens (a WordPiece token covers at least one byte of {valid}, {size:,} "
+            f"bytes; the data are not prepared yet) and needs at least 3,000,001; set block_size <= {size - 1} at "
+            "the very most") in problems[0]
+    assert str(test) in problems[1]
+    assert shape_problems(validate_config(_wikitext_study(tmp_path, mirror, 1_000_000)), local=False) == []
+
+
+def test_the_raw_files_bound_the_prepared_token_counts(prepared):
+    """The bound the preflight uses before the data exist holds for the data once prepared
+    (here with the test tokenizer's 256-token vocabulary: the most tokens per byte)."""
+    from seqmix.data.wikitext import _raw_bounds, split_tokens
+
+    study = validate_config(prepared)
+    spec = run_spec(study, "wikitext2", "softmax", 0)
+    exact = split_tokens(spec.data_dir, spec.data, spec.tokenizer_dir)
+    bounds = _raw_bounds(spec.data)
+    assert set(exact) == set(bounds) == {"train", "validation", "test"}
+    for split, count in exact.items():
+        assert count.exact and not bounds[split].exact
+        assert 0 < count.tokens <= bounds[split].tokens
+
+
+def test_plan_refuses_an_impossible_block_before_counting_anything(tmp_path, mirror, monkeypatch, capsys):
+    import yaml
+
+    from seqmix.cli import main
+
+    def counted(*args, **kwargs):
+        raise AssertionError("a model was counted at an impossible size")
+
+    monkeypatch.setattr(measure, "small_steps", counted)
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(_wikitext_study(tmp_path, mirror, 3_000_000)))
+    assert main(["plan", "--config", str(tmp_path / "big.yaml"), "--no-local-checks", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the study would fail at its shapes:\n  - config key 'tasks.wikitext2.block_size' "
+                          "(3000000) is too long for the validation split")
+
+
+def test_a_step_whose_activations_alone_exceed_the_memory_is_refused_from_its_shapes(tmp_path, monkeypatch):
+    from seqmix.errors import ConfigError
+    from seqmix.preflight import shape_problems
+
+    study = _study(tmp_path)
+    # batch 4 x 16 tokens x d 16 x 2 layer outputs (embedding, one block) x 4 bytes = 8,192 bytes
+    monkeypatch.setattr(measure, "available_memory", lambda device: 8_192.0)
+    assert shape_problems(study) == []
+    monkeypatch.setattr(measure, "available_memory", lambda device: 8_191.0)
+    problems = shape_problems(study)
+    assert len(problems) == 2 and problems[0].startswith(
+        "a training step of mqar/softmax keeps at least 0.0 GiB of activations (batch 4 x 16 tokens x d_model 16 "
+        "x 2 layer outputs, 4 bytes each) and this machine has 0.0 GiB: lower config key 'tasks.mqar.seq_len' or "
+        "'tasks.mqar.train.batch_size'")
+    assert shape_problems(study, local=False) == []  # jobs elsewhere: not this machine's memory
+    # The plan counts the step here at batches up to 3: 6,144 bytes of activations at least.
+    monkeypatch.setattr(measure, "available_memory", lambda device: 6_143.0)
+    with pytest.raises(ConfigError, match="cannot count it: a training step of mqar/softmax keeps at least"):
+        measure_step(run_spec(study, "mqar", "softmax", 0))  # the plan counts here: refused before building
+
+
+@pytest.mark.parametrize("arch", ["softmax", "grassmann", "linear", "performer", "sliding_window", "bigbird", "gla",
+                                  "h3", "mamba", "tssa", "crate"])
+def test_the_activation_floor_is_below_what_a_step_keeps(tmp_path, arch):
+    """The floor the preflight refuses on is a lower bound: every block leaves a fresh
+    (B, L, d) tensor that the backward pass reads."""
+    spec = run_spec(_study(tmp_path, **{"architectures": [arch], "tasks.mqar.model.n_layers": 2}), "mqar", arch, 0)
+    task = task_class(spec.kind).without_data(spec)
+    model = task.build_model(spec.model.d_model, spec.model.n_layers)
+    small = measure.small_steps(lambda b: task.loss(model, task.example_batch(b, "cpu")), model)
+    activations, _ = step_bytes(small, spec.train.batch_size)
+    floor = measure.activation_floor(spec.train.batch_size, task.sequence_length, spec.model.d_model,
+                                     spec.model.n_layers)
+    assert floor <= activations
+
+
+def test_a_sparsity_crop_longer_than_an_encoder_tasks_inputs_is_refused(tmp_path):
+    from seqmix.preflight import shape_problems
+
+    cfg = tiny_config(tmp_path, None, archs=("softmax", "linformer"))
+    cfg["tasks"]["snli"] = {"train_file": "train_head_1024", "max_sentence_tokens": 8,
+                            **{k: cfg["tasks"]["mqar"][k] for k in ("model", "train")}}
+    cfg["analysis"]["sparsity"].update(tasks=["mqar"], crop_len=20)  # linformer's runs are SNLI's
+    (problem,) = shape_problems(validate_config(cfg), local=False)
+    assert problem == ("config key 'analysis.sparsity.crop_len' (20) is longer than every input of task 'snli' "
+                       "(at most 19 tokens): the sparsity analysis would find no held-out input to crop; set "
+                       "crop_len <= 19")
+    cfg["analysis"]["sparsity"]["crop_len"] = 19
+    assert shape_problems(validate_config(cfg), local=False) == []
+
+
+def test_an_evaluation_cap_below_one_block_is_refused_at_validation(tmp_path):
+    from seqmix.errors import ConfigError
+
+    cfg = _wikitext_study(tmp_path, None, 64)
+    cfg["tasks"]["wikitext2"]["eval_max_tokens"] = 32
+    with pytest.raises(ConfigError, match=r"tasks.wikitext2': eval_max_tokens \(32\) is below block_size \(64\)"):
+        validate_config(cfg)
+
+
+def test_snakemake_refuses_an_impossible_block_before_its_first_job(tmp_path, mirror):
+    """The Snakefile's onstart runs the preflight: no job starts (no data, no results)."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(_wikitext_study(tmp_path, mirror, 3_000_000)))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+                           str(tmp_path), "--cores", "1", "--configfile", str(tmp_path / "big.yaml")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert ("error: the study would fail at its shapes:\n  - config key 'tasks.wikitext2.block_size' (3000000) is "
+            "too long for the validation split (eval_split)") in out
+    assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()

@@ -247,11 +247,15 @@ def cmd_throughput(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from seqmix import plan
+    from seqmix import plan, preflight
     from seqmix.io import write_csv, write_text
 
     study = load_config(args.config)
-    problems = plan.preflight(study, local=not args.no_local_checks)
+    local = not args.no_local_checks
+    # Limits the data decide and steps beyond memory first: nothing is counted at such shapes.
+    if problems := preflight.shape_problems(study, local=local):
+        raise ConfigError("the study would fail at its shapes:\n" + "\n".join(f"  - {p}" for p in problems))
+    problems = preflight.setup_problems(study, local=local)
     for p in problems:
         print(f"problem: {p}", file=sys.stderr)
     progress = None if args.quiet else (lambda what: print(f"counting {what}", file=sys.stderr))

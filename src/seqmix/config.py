@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ValidationError, create_model
 
 from seqmix import REPO_ROOT, catalogue
+from seqmix.errors import ConfigError  # noqa: F401 (re-exported: seqmix.config.ConfigError)
 from seqmix.mixers import mixer_class, options_model
 from seqmix.sections import Study, StudyFile, TaskCommon, TaskSettings
 from seqmix.sweep import sweep_points, sweep_problems
@@ -37,10 +38,6 @@ from seqmix.tasks import task_class
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.json"
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*(/[A-Za-z0-9][A-Za-z0-9_.+-]*)*$")
-
-class ConfigError(ValueError):
-    """A configuration that is not valid; the message names every bad key and the fix."""
-
 
 # ------------------------------------------------------------------------------------------
 # Validation.

@@ -1,5 +1,5 @@
 """Cost of every mixer vs sequence length: counted FLOPs, bytes written and peak tensor
-memory of one forward and one forward+backward (deterministic, ``analysis/cost_count.py``),
+memory of one forward and one forward+backward (deterministic, ``seqmix.measure``),
 wall time beside them (the minimum of ``repeats`` calls), the fitted log-log exponents
 and the growth of each per doubling of L.
 
@@ -92,7 +92,6 @@ import torch
 from tqdm import tqdm
 
 from seqmix import mixers
-from seqmix.analysis.cost_count import count_mixer
 from seqmix.analysis.cost_fit import (  # noqa: F401 (the fit is part of this module's interface)
     FIT_FIELDS,
     GROWTH_FIELDS,
@@ -101,6 +100,7 @@ from seqmix.analysis.cost_fit import (  # noqa: F401 (the fit is part of this mo
     fit_table,
     growth_table,
 )
+from seqmix.measure import count_mixer
 from seqmix.sections import ComplexitySpec
 from seqmix.train.provenance import device_record
 

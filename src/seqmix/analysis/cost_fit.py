@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-# Counted on the code that runs (seqmix.analysis.cost_count): one exact value per length.
+# Counted on the code that runs (seqmix.measure): one exact value per length.
 COUNTED = ("flops_fwd", "flops_fwdbwd", "bytes_written_fwd", "bytes_written_fwdbwd", "peak_fwd_bytes",
            "peak_fwdbwd_bytes")
 STATED = ("flops_stated",)  # the mixer's own formula, mixer.flops(L) × batch

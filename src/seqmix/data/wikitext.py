@@ -5,15 +5,22 @@ arXiv:2512.19428, §4.1)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from seqmix.data.manifest import write_manifest
-from seqmix.data.sources import RAW_FILES, WIKITEXT_SPLITS, load_wikitext2, resolve_source
-from seqmix.data.tokenizer import load_tokenizer, tokenizer_record
-from seqmix.io import atomic_file
+from seqmix.data.manifest import MANIFEST, DataError, sha256_file, write_manifest
+from seqmix.data.sources import (
+    RAW_FILES,
+    WIKITEXT_SPLITS,
+    load_wikitext2,
+    mirror_file,
+    resolve_source,
+)
+from seqmix.data.tokenizer import TOKENIZER_FILE, load_tokenizer, tokenizer_record
+from seqmix.io import FileError, atomic_file, read_json
 from seqmix.sections import DataSpec
 
 
@@ -45,3 +52,57 @@ def prepare_wikitext2(data: DataSpec, out_dir: str | Path, tokenizer_dir: str | 
             "splits": splits, "tokenizer": tokenizer_record(tokenizer_dir)}
     write_manifest(out_dir, files, info)
     return info
+
+
+# ------------------------------------------------------------------------------------------
+# Token counts before a job reads the data (the preflight's limits).
+# ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitTokens:
+    """A split's token count: ``exact`` (the prepared manifest's), or an upper bound."""
+
+    tokens: int
+    exact: bool
+    source: str  # the file the count comes from
+
+
+def manifest_tokens(manifest: dict, path: str | Path) -> dict[str, SplitTokens]:
+    return {split: SplitTokens(int(info["tokens"]), True, str(path)) for split, info in manifest["splits"].items()}
+
+
+def split_tokens(data_dir: str | Path, data: DataSpec, tokenizer_dir: str | Path) -> dict[str, SplitTokens]:
+    """Token counts of the splits from cheap metadata, nothing tokenised: the manifest's
+    (exact) where the data were prepared with the tokenizer now in ``tokenizer_dir``, else
+    the byte size of each raw file of the mirror, an upper bound: a WordPiece token covers at
+    least one character of the normalised text (an unknown word is one [UNK], and no special
+    tokens are added), and BERT's normalisation (NFD, accents stripped, lower case) leaves no
+    more characters than the raw text has bytes (a decomposed character keeps one base
+    letter, a three-byte Hangul syllable at most three jamo). {} where neither is at hand
+    (data from the hub): the job checks the prepared data."""
+    return _prepared(Path(data_dir), Path(tokenizer_dir)) or _raw_bounds(data)
+
+
+def _prepared(data_dir: Path, tokenizer_dir: Path) -> dict[str, SplitTokens]:
+    path, tokenizer = data_dir / MANIFEST, tokenizer_dir / TOKENIZER_FILE
+    if not path.exists() or not tokenizer.exists():
+        return {}
+    try:
+        manifest = read_json(path)
+        if manifest["tokenizer"]["sha256"] != sha256_file(tokenizer):
+            return {}  # prepared with another tokenizer: the DAG prepares them again
+        return manifest_tokens(manifest, path)
+    except (FileError, OSError, KeyError, TypeError, ValueError):
+        return {}  # not a manifest these counts can come from: the data job rewrites it
+
+
+def _raw_bounds(data: DataSpec) -> dict[str, SplitTokens]:
+    try:
+        source = resolve_source(data)
+        if source.kind != "mirror":
+            return {}
+        files = {split: mirror_file(source, "wikitext2", split, verify=False) for split in WIKITEXT_SPLITS}
+    except DataError:
+        return {}  # no mirror, or a file missing from it: the data job says which
+    return {split: SplitTokens(p.stat().st_size, False, f"{p}, {p.stat().st_size:,} bytes") for split, p in files.items()}

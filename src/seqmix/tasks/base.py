@@ -11,7 +11,9 @@ subclass, plus one line in ``seqmix/catalogue.py``. It declares:
 - ``needs_tokenizer``: whether its data preparation reads the shared tokenizer;
 - ``metric``/``higher_is_better``: its primary evaluation metric;
 - ``progress_unit``: what the ``seen`` count of training measures (tokens, examples);
-- ``scored_unit``: what an evaluation counts as scored (tokens, queries, examples).
+- ``scored_unit``: what an evaluation counts as scored (tokens, queries, examples);
+- ``length_key``: the setting its sequence length comes from (``sequence_length``), which
+  the preflight names when a step cannot fit the machine.
 
 and implements data preparation (``prepare``, a classmethod: no run exists yet), the model a
 run trains (``build_model``), its batches (a pure function of the step, so a resumed run
@@ -46,6 +48,7 @@ class Task:
     higher_is_better: ClassVar[bool]
     progress_unit: ClassVar[str]
     scored_unit: ClassVar[str]
+    length_key: ClassVar[str | None] = None
 
     # -- data (before any run) --------------------------------------------------------------
 
@@ -89,6 +92,23 @@ class Task:
         """A training batch of the run's shapes, made up (its cost is the point, not its
         content); the longest a real batch can be where lengths vary."""
         raise NotImplementedError
+
+    @property
+    def sequence_length(self) -> int | None:
+        """Tokens in the longest sequence of a training batch: what a step's activations grow
+        with (the preflight bounds its memory from it before any model is built); None:
+        not known, no bound."""
+        return None
+
+    # -- limits the data decide, before any job (seqmix.preflight) --------------------------
+
+    @classmethod
+    def limit_problems(cls, spec: RunSpec) -> list[str]:
+        """What ``check_data`` would refuse, found before the first job from cheap metadata:
+        the prepared data's manifest where it exists, else a bound from the raw files. One
+        line per problem, naming the config key and the fix; [] where none is known (the
+        job's ``check_data`` still checks the prepared data)."""
+        return []
 
     @property
     def chance(self) -> float | None:

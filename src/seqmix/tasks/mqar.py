@@ -51,6 +51,7 @@ class MQAR(Task):
     higher_is_better = True
     progress_unit = "tokens"
     scored_unit = "queries"
+    length_key = "seq_len"
 
     @classmethod
     def prepare(cls, job: DataJob) -> dict:
@@ -77,6 +78,10 @@ class MQAR(Task):
     def chance(self) -> float:
         # A model that outputs a value of the context without knowing which one.
         return 1.0 / self.settings.num_kv_pairs
+
+    @property
+    def sequence_length(self) -> int:
+        return self.settings.seq_len
 
     def example_batch(self, batch_size, device):
         s = self.settings

@@ -34,6 +34,7 @@ class SNLI(Task):
     higher_is_better = True
     progress_unit = "examples"
     scored_unit = "examples"
+    length_key = "max_sentence_tokens"
 
     @classmethod
     def prepare(cls, job: DataJob) -> dict:
@@ -51,6 +52,10 @@ class SNLI(Task):
     def init_shapes(self):
         self.vocab_size = self.spec.tokenizer.vocab_size
         self.max_len = 2 * self.settings.max_sentence_tokens + 3
+
+    @property
+    def sequence_length(self) -> int:
+        return self.max_len
 
     def example_batch(self, batch_size, device):
         g = batch_generator(0, 0)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from seqmix.data.manifest import MANIFEST, DataError
-from seqmix.data.wikitext import prepare_wikitext2
+from seqmix.data.wikitext import SplitTokens, manifest_tokens, prepare_wikitext2, split_tokens
 from seqmix.sections import TaskSettings
 from seqmix.spec import DataJob
 from seqmix.tasks.base import Task, batch_generator
@@ -32,7 +32,38 @@ class WikiText2Settings(TaskSettings):
     def _held_out(self):
         if self.train_split == self.eval_split:
             raise ValueError(f"eval_split equals train_split ({self.train_split!r}); evaluate on a split the model did not train on")
+        if self.eval_max_tokens is not None and self.eval_max_tokens < self.block_size:
+            raise ValueError(f"eval_max_tokens ({self.eval_max_tokens}) is below block_size ({self.block_size}): an "
+                             "evaluation scores whole blocks, so it would score one block anyway; set eval_max_tokens "
+                             ">= block_size, or null for whole splits")
         return self
+
+    def split_needs(self) -> list[tuple[str, str, int]]:
+        """(config key, split, tokens it needs): a training batch draws a start in
+        [0, tokens - block - 1), so at least block + 2 tokens; an evaluation needs one whole
+        (block + 1)-token window."""
+        return [("train_split", self.train_split, self.block_size + 2),
+                ("eval_split", self.eval_split, self.block_size + 1),
+                ("test_split", self.test_split, self.block_size + 1)]
+
+    def too_long(self, group: str, counts: dict[str, SplitTokens]) -> list[str]:
+        """A problem for each split whose (exact or bounding) token count is below its need."""
+        problems = []
+        for key, split, need in self.split_needs():
+            count = counts.get(split)
+            if count is None or count.tokens >= need:
+                continue
+            longest = count.tokens - (need - self.block_size)
+            if count.exact:
+                has, fix = f"it has {count.tokens:,} tokens ({count.source})", f"set block_size <= {longest}"
+            else:
+                has = (f"it has at most {count.tokens:,} tokens (a WordPiece token covers at least one byte of "
+                       f"{count.source}; the data are not prepared yet)")
+                fix = f"set block_size <= {longest} at the very most (the prepared data give the exact limit)"
+            problems.append(f"config key 'tasks.{group}.block_size' ({self.block_size}) is too long for the {split} "
+                            f"split ({key}): {has} and needs at least {need:,}; {fix}, or choose a longer split "
+                            f"for '{key}'")
+        return problems
 
 
 class WikiText2(Task):
@@ -44,6 +75,7 @@ class WikiText2(Task):
     higher_is_better = False
     progress_unit = "tokens"
     scored_unit = "tokens"
+    length_key = "block_size"
 
     @classmethod
     def prepare(cls, job: DataJob) -> dict:
@@ -56,22 +88,21 @@ class WikiText2(Task):
         self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
 
     def check_data(self) -> None:
-        # A training batch draws a start in [0, tokens - block - 1): at least block + 2
-        # tokens; an evaluation needs one whole (block + 1)-token window.
-        s = self.settings
-        for key, split, need in (("train_split", s.train_split, s.block_size + 2),
-                                 ("eval_split", s.eval_split, s.block_size + 1),
-                                 ("test_split", s.test_split, s.block_size + 1)):
-            tokens = self.manifest["splits"][split]["tokens"]
-            if tokens < need:
-                raise DataError(
-                    f"config key 'tasks.{self.spec.group}.block_size' ({s.block_size}) is too long for the "
-                    f"{split} split ({key}): it has {tokens:,} tokens ({self.data_dir / MANIFEST}) and "
-                    f"needs at least {need:,}; set block_size <= {tokens - (need - s.block_size)}, or "
-                    f"choose a longer split for '{key}'")
+        counts = manifest_tokens(self.manifest, self.data_dir / MANIFEST)
+        if problems := self.settings.too_long(self.spec.group, counts):
+            raise DataError(problems[0])
+
+    @classmethod
+    def limit_problems(cls, spec) -> list[str]:
+        settings = cls.Settings.model_validate(spec.settings)
+        return settings.too_long(spec.group, split_tokens(spec.data_dir, spec.data, spec.tokenizer_dir))
 
     def init_shapes(self):
         self.block, self.vocab_size = self.settings.block_size, self.spec.tokenizer.vocab_size
+
+    @property
+    def sequence_length(self) -> int:
+        return self.block
 
     def example_batch(self, batch_size, device):
         chunk = torch.randint(0, self.vocab_size, (batch_size, self.block + 1), generator=batch_generator(0, 0))

@@ -34,12 +34,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from seqmix.config import ConfigError
+from seqmix import measure
+from seqmix.errors import ConfigError
 from seqmix.io import exclusive_lock, remove_stale_temps, write_csv, write_json
+from seqmix.measure import GIB
 from seqmix.mixers import dispatch
 from seqmix.models.blocks import stack_reach
 from seqmix.models.budget import solve_budget
-from seqmix.plan import memory_problem
 from seqmix.sections import TrainSpec
 from seqmix.spec import RunSpec
 from seqmix.tasks import make_task
@@ -72,6 +73,24 @@ def check_precision(train: TrainSpec, device: torch.device) -> None:
         raise ConfigError("config key 'train.precision' is bf16 but this job runs on a CPU, where bf16 "
                           "autocast is many times slower than fp32; set train.precision: fp32 for a CPU run "
                           "(config/paper-smoke.yaml does), or run on a GPU")
+
+
+def memory_problem(task: Task, model: torch.nn.Module, batch_size: int, device: torch.device) -> str | None:
+    """A training step that cannot fit this machine: its forward and backward at small batches
+    extended to ``batch_size``, weights and AdamW's moments (``measure.training_step_bytes``)
+    against the memory it has; None if it fits."""
+
+    def loss_at(b: int) -> torch.Tensor:
+        return task.loss(model, task.example_batch(b, device))
+
+    need = measure.training_step_bytes(loss_at, model, batch_size)
+    have = measure.available_memory(device.type)
+    if need <= have:
+        return None
+    return (f"a training step of {task.spec.label} needs about {need / GIB:.1f} GiB (its forward and backward "
+            f"at batch {batch_size}, weights and AdamW's moments), and this machine has {have / GIB:.1f} GiB "
+            "available: lower train.batch_size or model.d_model, or run it on a GPU with that much memory "
+            "(python -m seqmix plan shows every run's)")
 
 
 def spec_hash(spec: RunSpec) -> str:
