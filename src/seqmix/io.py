@@ -32,7 +32,7 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -258,6 +258,24 @@ def write_csv(path: str | os.PathLike, rows: Iterable[dict], fields: list[str]) 
             writer.writeheader()
             writer.writerows(rows)
     return Path(path)
+
+
+def columns(row_type: type) -> list[str]:
+    """The CSV columns a row type (a TypedDict whose keys are the schema) declares, in order."""
+    return list(row_type.__annotations__)
+
+
+def write_rows(path: str | os.PathLike, rows: Iterable[Mapping], row_type: type) -> Path:
+    """A CSV whose columns are exactly ``row_type``'s; a key a row lacks is an empty cell.
+    A row holding a key the type does not declare raises ValueError: the writer and its
+    schema have drifted apart, and the value would otherwise be dropped unseen."""
+    fields = columns(row_type)
+    rows = list(rows)
+    for row in rows:
+        if extra := row.keys() - set(fields):
+            raise ValueError(f"{row_type.__name__} declares no column {', '.join(sorted(extra))}: "
+                             f"add it to {row_type.__module__}.{row_type.__name__} or leave it out of the rows")
+    return write_csv(path, rows, fields)
 
 
 def read_json(path: str | os.PathLike, fix: str | None = None) -> Any:
