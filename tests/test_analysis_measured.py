@@ -120,7 +120,7 @@ def test_grassmann_effective_attention_lives_on_its_offsets():
 
 def test_softmax_jacobian_is_not_its_attention():
     # The calibration the CSV reports: even for softmax the two row sets differ, because the
-    # scores depend on x_s too (module docstring of analysis/jacobian.py).
+    # scores depend on x_s too (the report's "Attention sparsity" section derives it).
     m = tiny_mixer("softmax")
     x = 3.0 * torch.randn(1, 10, D, dtype=torch.float64)
     a = effective_attention(m, x)[0]
