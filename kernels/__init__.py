@@ -1,33 +1,20 @@
-"""Triton kernels, importable as ``seqmix.kernels``: fast paths beside the mixers' references.
-
-This package imports nothing heavy: triton is imported by the submodules only, so that
-CPU-only users can ``import seqmix`` without it. Each kernel is a ``torch.autograd.Function``
-(forward and backward) behind one function with its reference's signature:
-
-- ``seqmix.kernels.grassmann.grassmann_mix``  = ``mixers.grassmann.grassmann_mix_reference``
-  (causal offsets), fused: the L × offsets × r(r-1)/2 Plücker tensor is never stored.
-- ``seqmix.kernels.gla.chunk_gla``             = ``mixers.gla.gla_recurrent_reference``
-- ``seqmix.kernels.tssa.tssa``                 = ``mixers.tssa.tssa_reference``
-
-Beside them, for CPU tensors and without triton: ``seqmix.kernels.selective_scan_cpu``, Mamba's
-selective scan as one C++ loop (compiled at first use by ``torch.utils.cpp_extension``) =
-``mixers.mamba.selective_scan_reference``.
-
-Mixers reach them through ``seqmix.mixers.dispatch`` (Triton for CUDA tensors, the C++ scan
-for CPU tensors, the reference under ``train.reference_mixers`` or ``SEQMIX_REFERENCE_MIXERS=1``;
-a kernel that fails falls back to its reference). On the CPU the Triton kernels run under
-``TRITON_INTERPRET=1`` (set before the submodules are imported): slow, exact, and what
-``tests/test_kernels.py`` uses.
+"""Fast paths beside the mixers' references, importable as ``seqmix.kernels``: the Triton
+kernels in ``KERNELS`` (each a ``torch.autograd.Function`` behind one function with its
+reference's signature) and Mamba's fused C++ CPU scan (``selective_scan_cpu``). Mixers reach
+them through ``seqmix.mixers.dispatch``. This package imports nothing heavy: triton is
+imported by the submodules only, so that CPU-only users can ``import seqmix`` without it.
+On a CPU the Triton kernels run under ``TRITON_INTERPRET=1``, set before they are imported:
+slow, exact, and how ``tests/test_kernels.py`` checks them.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-KERNELS = {
-    "grassmann": "seqmix.kernels.grassmann:grassmann_mix",
-    "gla": "seqmix.kernels.gla:chunk_gla",
-    "tssa": "seqmix.kernels.tssa:tssa",
+KERNELS = {  # each equals its reference: the fused Grassmann kernel never stores the Plücker tensor
+    "grassmann": "seqmix.kernels.grassmann:grassmann_mix",  # = mixers.grassmann.grassmann_mix_reference (causal)
+    "gla": "seqmix.kernels.gla:chunk_gla",  # = mixers.gla.gla_recurrent_reference
+    "tssa": "seqmix.kernels.tssa:tssa",  # = mixers.tssa.tssa_reference
 }
 
 

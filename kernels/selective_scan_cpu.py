@@ -1,24 +1,13 @@
-"""Mamba's selective scan on the CPU as one fused C++ loop (``selective_scan_cpu.cpp``).
+"""Mamba's selective scan on the CPU as one fused C++ loop (``selective_scan_cpu.cpp``):
+``selective_scan_cpu(x, delta, A, B, C)`` equals ``seqmix.mixers.mamba``'s eager chunked
+scan, and so ``selective_scan_reference``, forward and backward. The eager scan runs ~10
+PyTorch ops per position on (chunks, batch, N, D) slabs and is bound by memory traffic; this
+loop keeps one sequence's state in cache and reads each input once per pass.
 
-``selective_scan_cpu(x, delta, A, B, C)`` equals ``seqmix.mixers.mamba``'s ``_SelectiveScan``
-(and so ``selective_scan_reference``) forward and backward: y_t = C_t · h_t with
-h_t = exp(Δ_t A) ⊙ h_{t-1} + B_t x_tᵀ. The eager chunked scan runs ~10 PyTorch ops per
-position on (chunks, batch, N, D) slabs and is bound by memory traffic; this loop keeps one
-sequence's state in cache and reads each input once per pass. Measured on the 2-core AMD EPYC
-(one thread, D 128, N 16, 4,096 tokens, forward+backward, min of 5): 16 ms against the eager
-scan's 85 ms at L 64 and 105 ms at L 1024. ``python -m seqmix bench throughput`` measures
-what it buys a whole model against softmax.
-
-The extension is compiled by ``torch.utils.cpp_extension.load`` at first use (about 25 s
-with g++ on a 2-core machine) and cached in ``TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``); concurrent jobs wait on torch's build lock. Where it cannot
-be built (no C++ compiler or Python headers), ``available()`` is False after one warning
-and Mamba keeps the eager chunked scan. ``SEQMIX_REFERENCE_MIXERS=1`` (or
-``train.reference_mixers``) also keeps the eager path (``seqmix.mixers.dispatch``).
-
-Both halves are ``torch.library`` custom ops with fake (shape-only) implementations, so
-``FakeTensorMode`` cost counts see them; their FLOP formulas count the three
-contractions with C, B and x per (token, channel, state) as the eager path's matmuls do.
+Compiled at first use by ``torch.utils.cpp_extension.load`` and cached in
+``TORCH_EXTENSIONS_DIR``; where it cannot be built, ``available()`` is False after one
+warning and Mamba keeps the eager scan. Both halves are ``torch.library`` custom ops with
+fake (shape-only) implementations, so FakeTensorMode cost counts see them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Complexity: the log-log fit recovers known exponents with honest intervals, the fit
 table fits times on their minima and counts over the longest counted lengths, the growth
-table puts time beside the counts per doubling, and a tiny real measurement runs and
-counts the same twice."""
+table puts time beside the counts per doubling, a tiny real measurement runs and counts
+the same twice, and the three CSVs have exactly their row types' columns."""
 
 from __future__ import annotations
 
@@ -181,3 +181,18 @@ def test_auto_switches_a_chunk_loop_to_real_tensors():
     modes = {(r["arch"], r["seq_len"]): r["count_mode"] for r in rows}
     assert {modes["grassmann", L] for L in cfg.lengths} == {"fake"}
     assert modes["performer", 64] == "fake" and modes["performer", 256] == "real"
+
+
+def test_the_csvs_have_exactly_their_row_types_columns(tmp_path):
+    import csv
+
+    from seqmix.io import columns
+
+    cfg = ComplexitySpec(lengths=[8, 16, 32], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=60.0)
+    paths = {t: tmp_path / f"{t.__name__}.csv" for t in (cx.ComplexityRow, cx.FitRow, cx.GrowthRow)}
+    cx.write_complexity(["softmax"], cfg, TINY, *paths.values(), device="cpu", progress=False)
+    for row_type, path in paths.items():
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            assert reader.fieldnames == columns(row_type)
+            assert all(v != "" for r in reader for k, v in r.items() if k != "r2")  # every column filled

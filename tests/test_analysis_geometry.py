@@ -150,3 +150,29 @@ def test_tssa_compression_term_rows():
     assert by(rows, stat="std")[0]["value"] == pytest.approx(per_seq.std().item(), rel=1e-12)
     # Smaller ε (finer coding precision) costs more nats.
     assert by(geo.tssa_layer_geometry(m, h, eps=0.1), stat="mean")[0]["value"] > mean["value"]
+
+
+def test_geometry_csv_has_exactly_its_row_types_columns(tmp_path, monkeypatch):
+    # write_geometry over one run directory, its trained model replaced by a tiny one.
+    import csv
+    import json
+    from types import SimpleNamespace
+
+    from seqmix.io import columns
+    from seqmix.sections import GeometrySpec
+    from seqmix.train import evaluate
+
+    torch.manual_seed(0)
+    lm = CausalLM(LMConfig(arch="grassmann", vocab_size=40, max_len=12, d_model=8, n_layers=2,
+                           mixer_options={"rank": 4, "offsets": (1, 3)}))
+    task = SimpleNamespace(heldout_inputs=lambda split, n, crop_len: (torch.randint(0, 40, (n, 12)),))
+    run = SimpleNamespace(task="wikitext2", arch="grassmann", seed=0)
+    monkeypatch.setattr(evaluate, "load_run", lambda run_dir: (lm, task, run))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.json").write_text(json.dumps({"arch": "grassmann"}))
+    out = tmp_path / "geometry.csv"
+    assert geo.write_geometry([tmp_path / "run"], GeometrySpec(num_sequences=2), out) > 0
+    with open(out, newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == columns(geo.GeometryRow)
+        assert all(v != "" for r in reader for v in r.values())

@@ -120,7 +120,7 @@ def test_grassmann_effective_attention_lives_on_its_offsets():
 
 def test_softmax_jacobian_is_not_its_attention():
     # The calibration the CSV reports: even for softmax the two row sets differ, because the
-    # scores depend on x_s too (module docstring of analysis/jacobian.py).
+    # scores depend on x_s too (the report's "Attention sparsity" section derives it).
     m = tiny_mixer("softmax")
     x = 3.0 * torch.randn(1, 10, D, dtype=torch.float64)
     a = effective_attention(m, x)[0]
@@ -268,3 +268,32 @@ def test_effective_attention_with_no_position_asked_is_all_nan():
     layer = torch.nn.Linear(4, 4)
     out = effective_attention(layer, torch.randn(2, 5, 4), positions=[])
     assert out.shape == (2, 5, 5) and torch.isnan(out).all()
+
+
+def test_sparsity_csv_has_exactly_its_row_types_columns(tmp_path, monkeypatch):
+    # write_sparsity over one run directory, its trained model replaced by a tiny one.
+    import csv
+    import json
+    from types import SimpleNamespace
+
+    from seqmix.analysis.sparsity import SparsityRow, write_sparsity
+    from seqmix.io import columns
+    from seqmix.sections import SparsitySpec
+    from seqmix.train import evaluate
+
+    torch.manual_seed(0)
+    lm = CausalLM(LMConfig(arch="softmax", vocab_size=50, max_len=12, d_model=8, n_layers=1,
+                           mixer_options=TINY_OPTIONS.get("softmax", {})))
+    task = SimpleNamespace(heldout_inputs=lambda split, n, crop_len: (torch.randint(0, 50, (n, 12)),),
+                           heldout_rows=lambda split, n: None)
+    run = SimpleNamespace(task="wikitext2", arch="softmax", seed=0)
+    monkeypatch.setattr(evaluate, "load_run", lambda run_dir: (lm, task, run))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.json").write_text(json.dumps({"status": "ok"}))
+    out = tmp_path / "sparsity.csv"
+    spec = SparsitySpec(num_sequences=2, min_row_len=4, jacobian_sequences=1)
+    assert write_sparsity([tmp_path / "run"], spec, out) > 0
+    with open(out, newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == columns(SparsityRow)
+        assert all(v != "" for r in reader for v in r.values())

@@ -46,7 +46,7 @@ def test_plucker_identities():
 ])
 def test_paper_parameter_counts(layers, expected, out_proj):
     # Zhang 2025, arXiv:2512.19428, §4.1 and Tables 1-2: V=30,522, d=256, 128 positions, tied embeddings, r=32
-    # (the reconciliation of the counts: src/seqmix/mixers/grassmann.py).
+    # (the counts are reconciled in the report's Architectures section, paper/sections/architectures.tex).
     with torch.device("meta"):
         m = CausalLM(LMConfig(arch="grassmann", vocab_size=30522, max_len=128, n_layers=layers,
                               mixer_options={"out_proj": out_proj}))

@@ -185,7 +185,8 @@ def test_benchmark_files_are_summed_per_rule(tmp_path):
     """Snakemake's benchmark TSVs (s, max_rss in MB, cpu_time) per rule, the largest job named."""
     import os
 
-    from seqmix.report.benchmarks import elapsed_s, markdown, read_benchmarks, summarise
+    from seqmix.io import columns
+    from seqmix.report.benchmarks import RuleCost, elapsed_s, markdown, read_benchmarks, summarise
 
     head = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
     files = {"train/wikitext2/mamba/seed0.tsv": (100.0, 900.0, 180.0, 1000),
@@ -201,6 +202,7 @@ def test_benchmark_files_are_summed_per_rule(tmp_path):
     assert train == {"rule": "train", "jobs": 2, "wall_s": 150.0, "max_wall_s": 100.0, "cpu_s": 270.0,
                      "max_rss_mb": 1200.0, "worst": "wikitext2/softmax/seed0"}
     assert report["rule"] == "report" and report["max_rss_mb"] == 0.0 and report["worst"] == "-"
+    assert list(train) == columns(RuleCost)  # the CSV's columns, in order
     assert elapsed_s(rows) == 1200 - 900  # the first job started at 1000 - 100
     assert "| train | 2 | 150 | 100 | 270 | 1200 | wikitext2/softmax/seed0 |" in markdown(summarise(rows), 300)
 

@@ -222,7 +222,8 @@ def test_collect_writes_each_runs_own_evaluation(prepared_mqar, tmp_path):
     # columns from the test split, and breakdown.csv summing to what was scored.
     import pandas as pd
 
-    from seqmix.report.collect import collect
+    from seqmix.io import columns
+    from seqmix.report.collect import BreakdownRow, RunRow, collect
 
     spec = spec_for(prepared_mqar, "mqar", "softmax", tmp_path, steps=30, eval_every=15, checkpoint_every=15)
     train(spec, progress=False)
@@ -230,6 +231,8 @@ def test_collect_writes_each_runs_own_evaluation(prepared_mqar, tmp_path):
     assert ev["splits"]["validation"]["loss"] != ev["splits"]["test"]["loss"]  # else a swap could not show
     out, breakdown = tmp_path / "runs.csv", tmp_path / "breakdown.csv"
     assert collect([Path(spec.run_dir)], out, breakdown) == 1
+    assert list(pd.read_csv(out).columns) == columns(RunRow)
+    assert list(pd.read_csv(breakdown).columns) == columns(BreakdownRow)
     row = pd.read_csv(out).iloc[0]
     assert (row.task, row.arch, row.seed, row.status) == ("mqar", "softmax", 0, "ok")
     for prefix, split in (("eval", "validation"), ("test", "test")):

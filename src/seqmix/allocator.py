@@ -1,18 +1,12 @@
 """Keep freed memory in the process instead of handing it back to the OS (glibc only).
 
 glibc's malloc serves every request above its mmap threshold (at most 32 MiB) with a fresh
-mmap and unmaps it on free, and trims the heap's free top back to the OS; the next
-allocation of that size then page-faults on every 4 KiB page it touches. A CPU training
-step allocates the same large tensors every step (logits, attention scores, Mamba's
-states), so it paid those page faults every step: measured here (2-core AMD EPYC, one
-thread, d 64, 2 layers, V 4096, 4,096 tokens per step, CPU time per step), softmax 261 →
-177 ms, Mamba 429 → 309 ms, Causal Grassmann 367 → 252 ms with memory kept. This is the
-reuse PyTorch's CPU performance guide gets from jemalloc or TCMalloc, set with glibc's own
-``mallopt`` so that nothing is preloaded. The process's resident memory stays at its peak
-instead of falling back between steps (its peak is what rules declare anyway).
-
-The CLI calls it for every command unless ``SEQMIX_SYSTEM_MALLOC=1``, which leaves glibc's
-defaults alone.
+mmap, unmaps it on free and trims the heap's free top, so the next allocation of that size
+page-faults on every 4 KiB page it touches; a CPU training step allocates the same large
+tensors every step (logits, attention scores, Mamba's states). This is the reuse PyTorch's
+CPU performance guide gets from jemalloc or TCMalloc, set with glibc's own ``mallopt`` so
+that nothing is preloaded. Resident memory stays at its peak, which rules declare anyway.
+The CLI calls it for every command unless ``SEQMIX_SYSTEM_MALLOC=1``.
 """
 
 from __future__ import annotations

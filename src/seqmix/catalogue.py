@@ -1,15 +1,10 @@
-"""The catalogue: every mixer and every task kind seqmix knows, in one place, without torch.
-
-Adding a mixer is its module in ``seqmix.mixers`` (or any importable package) plus one
-entry in ``MIXERS``; adding a task kind is its module plus one line in ``TASKS``. The
-registry (``seqmix.mixers``, ``seqmix.tasks``), the config validation, the Snakemake rules,
-the report's style and every notebook read these tables, so a new entry is trained,
-analysed and drawn with no other change. The order of ``MIXERS`` is the order of every
-table and legend of the report. What a mixer's class states (its causal and non-causal
-forms, its options) is not repeated here: the torch side reads it from the class.
-
-This module imports nothing beyond the standard library: the Snakefile and the notebooks
-read it without loading torch.
+"""The catalogue: every mixer and every task kind seqmix knows, in one place, without torch
+(the Snakefile and the notebooks read it without loading torch). Adding a mixer is its
+module plus one entry in ``MIXERS``, a task kind its module plus one line in ``TASKS``: the
+registry, the config validation, the rules, the report's style and every notebook read
+these tables, so a new entry is trained, analysed and drawn with no other change. The order
+of ``MIXERS`` is that of every table and legend. What a mixer's class states (its causal
+and non-causal forms, its options) is not repeated here.
 """
 
 from __future__ import annotations

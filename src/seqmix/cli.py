@@ -194,12 +194,12 @@ def cmd_concat(args) -> int:
 
 
 def cmd_sparsity_analytic(args) -> int:
-    from seqmix.analysis.su import FIELDS, analytic_curves
-    from seqmix.io import write_csv
+    from seqmix.analysis.su import SparsityAnalyticRow, analytic_curves
+    from seqmix.io import write_rows
     from seqmix.sections import SparsityAnalyticSpec
 
     rows = analytic_curves(job_of(args, SparsityAnalyticSpec, lambda study: study.analysis.sparsity_analytic))
-    write_csv(args.out, rows, FIELDS)
+    write_rows(args.out, rows, SparsityAnalyticRow)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
 
@@ -273,7 +273,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_benchmarks(args) -> int:
-    from seqmix.io import write_csv, write_text
+    from seqmix.io import write_rows, write_text
     from seqmix.plan import splice_between
     from seqmix.report import benchmarks
 
@@ -282,7 +282,7 @@ def cmd_benchmarks(args) -> int:
     table = benchmarks.markdown(summary, benchmarks.elapsed_s(rows))
     print(table, end="")
     if args.out:
-        write_csv(args.out, summary, benchmarks.FIELDS)
+        write_rows(args.out, summary, benchmarks.RuleCost)
     if args.markdown:
         write_text(args.markdown, table)
     if args.readme:

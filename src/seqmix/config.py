@@ -1,19 +1,10 @@
-"""The study configuration: its sections as typed, frozen pydantic models, validated at the
-door with every bad key named, and defaults in exactly one place.
-
-A config file (config/config.yaml, config/paper.yaml) names a study: its tasks, the
-architectures it trains, its seeds, and how big everything is. Defaults live here, on the
-models' fields; a task kind's own settings live on its ``Settings`` model (its module, see
-seqmix/tasks/) and a mixer's options on its ``Options`` dataclass (seqmix/mixers/), so that
-adding either never touches this file. ``python -m seqmix schema`` writes the JSON schema
-all of this amounts to (workflow/schemas/config.schema.json).
-
-Tasks are named ``<kind>`` or ``<kind>/<variant>`` (``mqar/L64-kv4``): a study can hold
-several instances of one kind with different settings, each with its own data, runs and
-result rows. A task's ``sweep`` expands it into one task per grid point (seqmix.study).
-
-Validating a config imports the task and mixer classes (their settings models), so it needs
-the seqmix environment (torch); the file's structure is all that is read before that.
+"""The study configuration (config/config.yaml, config/paper.yaml), validated at the door
+with every bad key named, into typed, frozen pydantic models (``seqmix.sections``) that
+hold every default once. A task kind's own settings live on its ``Settings`` model and a
+mixer's options on its ``Options`` dataclass, so adding either never touches this file.
+Tasks are named ``<kind>`` or ``<kind>/<variant>`` (several instances of one kind, each with
+its own data, runs and rows); a task's ``sweep`` expands it into one task per grid point
+(seqmix.study). Validating imports the task and mixer classes, so it needs torch.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
-"""One way to write a result: atomically, so that a reader never sees half a file and two
-writers never collide; and one way to say why a file could not be read or written.
-
-Every writer goes through :func:`atomic_path`: the content is written to a temporary file
-with a unique name in the destination's directory, flushed and fsynced, then renamed over
-the destination (``os.replace`` is atomic on POSIX within one file system). A writer that
-fails or is interrupted by an exception removes its temporary file; one killed outright
-leaves a ``.<name>.*.tmp`` file behind, never a truncated destination, and the next job
-that holds the directory's lock removes it (:func:`remove_stale_temps`).
-
-A write that fails because the disk is full, the file system is read-only or the
-directory is not writable raises :class:`FileError` naming the file, the cause and the
-fix, instead of the writer's own message (torch's is "enforce fail at
-inline_container.cc"): the cause is looked for in the exception and in those it chains,
-since torch reports ENOSPC as a RuntimeError ("enforce fail at inline_container.cc ...
-unexpected pos") whose ``__context__`` is the OSError, or with no errno at all (then the
-space left on the file system decides). The message says how much space is left.
-
-The temporary file is created as ``open`` creates any file, mode 0666 less the umask
-(``tempfile.mkstemp`` makes it 0600: results nobody else could read on a shared file
-system). :func:`exclusive_lock` makes a directory one process's at a time.
+"""One way to write a result: atomically (``atomic_path``: a temporary file beside the
+destination, fsynced, then renamed over it), so that a reader never sees half a file and two
+writers never collide; a killed writer's temporary file is removed by the next job that holds
+the directory's lock. One way to say why a file could not be read or written: a
+``FileError`` naming the file, the cause (disk full, read-only, no permission, found in the
+exception chain where torch only says "enforce fail at inline_container.cc") and the fix.
+And the CSV writer for typed rows, ``write_rows``.
 """
 
 from __future__ import annotations
@@ -32,7 +18,7 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -258,6 +244,24 @@ def write_csv(path: str | os.PathLike, rows: Iterable[dict], fields: list[str]) 
             writer.writeheader()
             writer.writerows(rows)
     return Path(path)
+
+
+def columns(row_type: type) -> list[str]:
+    """The CSV columns a row type (a TypedDict whose keys are the schema) declares, in order."""
+    return list(row_type.__annotations__)
+
+
+def write_rows(path: str | os.PathLike, rows: Iterable[Mapping], row_type: type) -> Path:
+    """A CSV whose columns are exactly ``row_type``'s; a key a row lacks is an empty cell.
+    A row holding a key the type does not declare raises ValueError: the writer and its
+    schema have drifted apart, and the value would otherwise be dropped unseen."""
+    fields = columns(row_type)
+    rows = list(rows)
+    for row in rows:
+        if extra := row.keys() - set(fields):
+            raise ValueError(f"{row_type.__name__} declares no column {', '.join(sorted(extra))}: "
+                             f"add it to {row_type.__module__}.{row_type.__name__} or leave it out of the rows")
+    return write_csv(path, rows, fields)
 
 
 def read_json(path: str | os.PathLike, fix: str | None = None) -> Any:

@@ -1,28 +1,12 @@
 """Counts of the work PyTorch code does, taken on the aten ops it dispatches: FLOPs, bytes
 written, and live and peak tensor bytes. The one counter the plan, the preflight, the
-complexity analysis and training's memory check use (it sits below models/ and mixers/ and
-imports only Mamba's fused CPU scan, whose ops it has formulas for).
+complexity analysis and training's memory check use; it sits below models/ and mixers/.
 
-- **FLOPs**: ``torch.utils.flop_counter.FlopCounterMode``, which counts only ops with a
-  registered formula (matmul-class, SDPA, convolution), plus ``EXTRA_FLOP_FORMULAS``: the
-  CPU flash attention kernel SDPA runs on a CPU (the GPU kernels' formulas), Mamba's fused
-  CPU scan (2 FLOPs per token, channel and state for each contraction: one forward, three
-  backward, as the eager scan's matmuls count) and FFTs (5 n log2 n per complex transform of
-  n points, half for a real one: the count FFTW's benchFFT reports speeds against,
-  https://www.fftw.org/speed/method.html). Elementwise work (scans, masks, gates) is not
-  counted.
-- **bytes written**: every op output that is not a view of an input, and every argument an
-  in-place or ``out=`` op mutates (from the op's schema): all work, elementwise included.
-  It catches a pattern that costs no FLOPs: indexing one slice of a big tensor per loop step
-  makes ``select_backward`` zero-fill a full-size gradient at every step.
-- **live and peak bytes**: each storage an op allocates counts from its creation until it is
-  freed (a finalizer on the storage's Python object, which PyTorch keeps alive as long as the
-  storage, so saved-for-backward tensors count); the peak is above what was live before.
-  Independent of the allocator; allocations inside kernels are not seen.
-
-Under ``FakeTensorMode`` (shapes only, no arithmetic) the counts are the same FLOPs and,
-within 5 %, the same bytes as on real tensors (tests/test_cost_count.py): meta kernels choose
-some output strides differently (e.g. ``elu_backward``), which can make a later reshape copy.
+FLOPs are ``FlopCounterMode``'s (matmul-class ops, SDPA, convolution) plus
+``EXTRA_FLOP_FORMULAS``; elementwise work (scans, masks, gates) is not in them but is in the
+bytes written. Under ``FakeTensorMode`` the FLOPs are the same as on real tensors and the
+bytes within 5 % (tests/test_cost_count.py): meta kernels choose some output strides
+differently (e.g. ``elu_backward``), which can make a later reshape copy.
 """
 
 from __future__ import annotations
@@ -55,7 +39,8 @@ def _fft_points(shape, dims) -> int:
 
 
 def _fft_flop(points: int, numel: int, real: bool) -> int:
-    """5 n log2 n per complex transform of n points, half for a real one (benchFFT)."""
+    """5 n log2 n per complex transform of n points, half for a real one: the count FFTW's
+    benchFFT reports speeds against (https://www.fftw.org/speed/method.html)."""
     if points <= 1:
         return 0
     per = 5 * points * math.log2(points) * (0.5 if real else 1.0)
@@ -100,7 +85,8 @@ EXTRA_FLOP_FORMULAS = {
     aten._fft_r2c: _r2c_flop,
     aten._fft_c2r: _c2r_flop,
     aten._fft_c2c: _c2c_flop,
-    # Mamba's fused CPU scan: its contractions, counted as the eager scan's matmuls are.
+    # Mamba's fused CPU scan: 2 FLOPs per token, channel and state for each contraction (one
+    # forward, three backward), as the eager scan's matmuls count.
     torch.ops.seqmix.selective_scan_cpu_fwd: _selective_scan_fwd_flop,
     torch.ops.seqmix.selective_scan_cpu_bwd: _selective_scan_bwd_flop,
 }
@@ -121,7 +107,14 @@ def _storage_key(t: torch.Tensor) -> int:
 
 class WorkCounter(TorchDispatchMode):
     """Bytes written by every op, and the live and peak bytes of storages allocated while
-    active; with ``timeline``, the live bytes after every allocation too (``extend_peak``)."""
+    active; with ``timeline``, the live bytes after every allocation too (``extend_peak``).
+
+    Bytes written are every output that is not a view of an input and every argument an op
+    mutates: they see work that costs no FLOPs (indexing one slice of a big tensor per loop
+    step makes ``select_backward`` zero-fill a full-size gradient every step). A storage
+    counts as live until its Python object is freed (a finalizer; PyTorch keeps it alive as
+    long as the storage, so saved-for-backward tensors count); allocations inside kernels
+    are not seen."""
 
     def __init__(self, timeline: bool = False):
         super().__init__()

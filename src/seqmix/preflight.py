@@ -1,18 +1,9 @@
 """What would make a study fail at its shapes, found before the first job: ``snakemake`` runs
 ``preflight`` in its ``onstart`` (not in a dry run), and ``python -m seqmix plan`` checks the
 same before it counts anything. Each problem is one line naming the config key and the fix.
-Nothing is built at a size that can fail: the checks go cheapest first.
-
-- ``shape_problems``: limits the data decide (``Task.limit_problems``, e.g. a WikiText-2 block
-  longer than a split, from the manifest's token counts or a bound from the raw files), a
-  sparsity crop longer than an encoder task's inputs, and, for jobs on this machine, a
-  training step whose activations alone (``measure.activation_floor``, from the shapes)
-  exceed the memory of the device it runs on. Training measures the whole step again
-  before its step 1.
-- ``setup_problems``: budgets that cannot be met within their tolerance (solved on the meta
-  device), bf16 autocast without a GPU, and the complexity analysis's longest length where a
-  mixer's forward and backward would need more memory than the machine has (counted under
-  FakeTensorMode, so L = 65,536 costs no memory).
+Nothing is built at a size that can fail: the checks go cheapest first, limits the data
+decide and activation floors from the shapes (``shape_problems``) before budgets solved on
+the meta device and memory counted under FakeTensorMode (``setup_problems``).
 """
 
 from __future__ import annotations
@@ -224,6 +215,8 @@ def complexity_problems(study: Study, available_bytes: float) -> list[str]:
 
 
 def setup_problems(study: Study, local: bool = True) -> list[str]:
+    """Budgets that cannot be met within their tolerance and (``local``) bf16 without a GPU and
+    complexity lengths whose forward and backward exceed this machine's memory."""
     problems = budget_problems(study)
     if local:
         problems += precision_problems(study, torch.cuda.is_available())

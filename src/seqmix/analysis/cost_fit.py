@@ -1,12 +1,14 @@
-"""Exponents of cost against sequence length, from the rows of complexity.csv (torch-free:
-the claims evaluator and the notebooks read these too). The columns are documented in
-``seqmix.analysis.complexity``."""
+"""Exponents of cost against sequence length, fitted to the rows of complexity.csv
+(``FitRow``, ``GrowthRow``). Torch-free: the claims evaluator and the notebooks read these too."""
 
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
+
+from seqmix.io import columns
 
 # Counted on the code that runs (seqmix.measure): one exact value per length.
 COUNTED = ("flops_fwd", "flops_fwdbwd", "bytes_written_fwd", "bytes_written_fwdbwd", "peak_fwd_bytes",
@@ -17,6 +19,49 @@ MEASURES = TIMED + COUNTED + STATED
 # Per-doubling growth, time beside what was counted (complexity_growth.csv).
 GROWTH = ("fwdbwd_ms", "flops_fwdbwd", "bytes_written_fwdbwd", "peak_fwdbwd_bytes")
 COUNTED_STATUSES = ("ok", "counted")
+
+
+class FitRow(TypedDict, total=False):
+    """One row of complexity_fit.csv: the exponent of one measure of one arch, fitted over
+    the longest lengths where it was taken, where each cost's leading term dominates."""
+
+    arch: str  # registered mixer name
+    device: str  # where the times were taken: cpu | cuda
+    d_model: int  # layer width
+    batch: int  # batch size
+    measure: str  # a column of complexity.csv: fwd_ms, fwdbwd_ms, flops_*, bytes_written_*, peak_*
+    kind: str  # timed | counted | stated
+    count_mode: str  # how the counts of the fit range were taken: fake | real | fake+real
+    min_len: int  # shortest L of the fit range
+    max_len: int  # longest L of the fit range
+    slope: float  # OLS slope k of log(value) on log(L), value ∝ L^k (a time: its minimum per length)
+    ci_low: float  # 95 % t-interval of a timed slope; NaN for exact (counted, stated) values
+    ci_high: float
+    points: int  # lengths in the fit
+    r2: float  # coefficient of determination (empty under 3 points)
+    local_min: float  # smallest exponent between consecutive lengths, log(v₁/v₀)/log(L₁/L₀)
+    local_max: float  # largest: the counted verdicts use all of them
+    flops_slope: float  # counted fwd+bwd FLOP exponent over the same lengths, for comparison
+    value_at_max_len: float  # the value at max_len (ms, FLOPs or bytes)
+
+
+class GrowthRow(TypedDict, total=False):
+    """One row of complexity_growth.csv: the growth of each GROWTH measure per doubling of L
+    between two consecutive counted lengths, (v₁/v₀)^(1/log2(L₁/L₀)): 2 linear, 4 quadratic.
+    A time that grows faster than the counts is the machine (caches), not the algorithm."""
+
+    arch: str
+    device: str
+    len_from: int  # L₀
+    len_to: int  # L₁
+    growth_fwdbwd_ms: float  # NaN unless both lengths were timed
+    growth_flops_fwdbwd: float
+    growth_bytes_written_fwdbwd: float
+    growth_peak_fwdbwd_bytes: float
+
+
+FIT_FIELDS = columns(FitRow)
+GROWTH_FIELDS = columns(GrowthRow)
 
 
 def fit_exponent(seq_len: np.ndarray, value: np.ndarray) -> dict:
@@ -77,7 +122,7 @@ def _fit_one(values: dict[int, float], lengths: list[int]) -> dict:
     return {**fit, "local_min": min(local, default=float("nan")), "local_max": max(local, default=float("nan"))}
 
 
-def fit_table(rows: list[dict], longest: int = 3) -> list[dict]:
+def fit_table(rows: list[dict], longest: int = 3) -> list[FitRow]:
     """Fitted exponents per (arch, measure) over the ``longest`` largest lengths where the
     measure was taken; counted FLOPs fwd+bwd fitted over the same lengths beside each."""
     out = []
@@ -102,7 +147,7 @@ def fit_table(rows: list[dict], longest: int = 3) -> list[dict]:
     return out
 
 
-def growth_table(rows: list[dict]) -> list[dict]:
+def growth_table(rows: list[dict]) -> list[GrowthRow]:
     """Growth of each GROWTH measure per doubling of L between consecutive counted lengths:
     (v(L₁)/v(L₀))^(1/log2(L₁/L₀)), 2 for linear, 4 for quadratic; time only where both
     lengths were timed."""
@@ -121,7 +166,3 @@ def growth_table(rows: list[dict]) -> list[dict]:
             out.append(row)
     return out
 
-
-GROWTH_FIELDS = ["arch", "device", "len_from", "len_to", *(f"growth_{m}" for m in GROWTH)]
-FIT_FIELDS = ["arch", "device", "d_model", "batch", "measure", "kind", "count_mode", "min_len", "max_len", "slope",
-              "ci_low", "ci_high", "points", "r2", "local_min", "local_max", "flops_slope", "value_at_max_len"]

@@ -1,55 +1,9 @@
-"""Geometry of the trained attention-free mixers on held-out text: for the Causal Grassmann
-layer (Zhang 2025, arXiv:2512.19428, §3.2) the Plücker features it uses and the 2-planes it moves
-through; for ToST's TSSA (Wu et al. 2025, arXiv:2412.17810, §3) the variational
-compression term it descends.
-
-Per Grassmann layer, with h the hidden state the layer's mixer received (captured while the
-model reads held-out sequences) and z_t = W_red h_t + b_red ∈ R^r its reduced tokens:
-
-- Plücker residual. For a vector p ∈ R^{C(r,2)} and a quadruple i<j<k<l,
-      ρ_ijkl(p) = |p_ij p_kl − p_ik p_jl + p_il p_jk| / ‖p‖².
-  Every decomposable p (a point of Gr(2, r)) has ρ = 0 for all quadruples. Two vectors:
-  * ``plucker_residual_pair``: p̂^Δ(t) = p(z_t, z_{t−Δ}) / max(‖p‖, ε), computed by the
-    mixer's own ``plucker`` in the model's dtype; its residual is the rounding level
-    (≈1e-7 in fp32): the per-offset features do lie on the Grassmannian.
-  * ``plucker_residual_used``: p̄(t) = mean_{Δ ∈ W_t} p̂^Δ(t), the vector the layer actually
-    feeds to W_plü (the paper's §3.2 averages the projections). A mean of points of Gr(2, r) is in general off it, but
-    here every plane at position t contains z_t, and the wedge product is bilinear:
-    p̄(t) = z_t ∧ w_t with w_t = mean_Δ z_{t−Δ} / max(‖z_t ∧ z_{t−Δ}‖, ε). So the used
-    feature still encodes exactly one plane, span(z_t, w_t), and this residual is also at
-    the rounding level; a value well above it would mean the layer is not what §3.2 says.
-  Statistics: max and mean over positions t (those with at least one valid offset),
-  sequences and quadruples (all C(r,4) of them, or ``max_quadruples`` drawn at random).
-- ``pair_angle``: the angle between z_t and z_{t−Δ}, in degrees, in [0°, 180°]; the plane
-  degenerates (‖p‖ = ‖z_t‖‖z_{t−Δ}‖ sin θ → 0) as θ → 0° or 180°.
-- ``plane_angle_1``, ``plane_angle_2``: the two principal angles θ₁ ≤ θ₂ (degrees, in
-  [0°, 90°]) between consecutive planes P_t = span(z_t, z_{t−Δ}) and P_{t+1} =
-  span(z_{t+1}, z_{t+1−Δ}) of the same offset: with Q_t an orthonormal basis of P_t (r × 2,
-  QR in float64), cos θ₁ ≥ cos θ₂ are the singular values of Q_tᵀQ_{t+1} (and the sines
-  those of (I − Q_tQ_tᵀ)Q_{t+1}, used for the angles below 45°). Small angles mean
-  the layer's planes drift slowly along the sequence. (cos θ₁ cos θ₂ = |p̂_t · p̂_{t+1}|.)
-  For Δ = 1 consecutive planes share z_t, so θ₁ = 0 and only θ₂ carries information.
-  Pairs whose plane is degenerate (sin of the pair angle < 1e-6) are left out.
-  Angle statistics: quantiles q05, q25, q50, q75, q95 and the mean, per offset and pooled
-  over the layer's offsets (offset = 0).
-Comparing layers shows how the geometry drifts with depth.
-
-Per TSSA layer: ``compression_term``: R_c^var(Z, Π | U) (the variational bound of ToST's §3), summed over heads, from
-the mixer's ``compression_term(h, eps)`` on the layer's own input (its U_k, its memberships
-Π), in nats; statistics mean and std over sequences.
-
-``results/analysis/geometry.csv`` (``python -m seqmix geometry``), tidy, one row per
-(run, layer, quantity, offset, stat); columns:
-
-    task, arch, seed   the trained run
-    layer              block index, 0 = closest to the embedding
-    quantity           plucker_residual_pair | plucker_residual_used | pair_angle |
-                       plane_angle_1 | plane_angle_2 | compression_term (see above)
-    offset             Δ for per-offset rows; 0 = pooled over offsets, or not per offset
-    stat               max | mean | std | q05 | q25 | q50 | q75 | q95
-    value              the statistic
-    unit               relative (ρ, dimensionless) | degrees | nats
-    count              number of values the statistic summarises
+"""Geometry of the trained attention-free mixers on held-out text: for each Causal Grassmann
+layer (Zhang 2025, arXiv:2512.19428, §3.2) how far its Plücker features lie from the
+Grassmannian Gr(2, r) and the angles of the 2-planes it moves through; for each ToST TSSA
+layer (Wu et al. 2025, arXiv:2412.17810, §3) the variational compression term R_c^var it
+descends. Quantities and their reading: the report's "Geometry of the Grassmann mixer"
+section. Rows: ``GeometryRow``.
 """
 
 from __future__ import annotations
@@ -57,15 +11,33 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
 
 from seqmix.analysis.capture import capture_mixer_inputs
+from seqmix.io import columns
 from seqmix.mixers.grassmann import CausalGrassmann, pair_indices, plucker
 from seqmix.sections import GeometrySpec
 
-FIELDS = ["task", "arch", "seed", "layer", "quantity", "offset", "stat", "value", "unit", "count"]
+
+class GeometryRow(TypedDict):
+    """One row of geometry.csv (tidy): one statistic of one quantity of one layer of a run."""
+
+    task: str
+    arch: str
+    seed: int  # the trained run
+    layer: int  # block index, 0 = closest to the embedding
+    quantity: str  # plucker_residual_pair | plucker_residual_used | pair_angle | plane_angle_1 | plane_angle_2 | compression_term
+    offset: int  # Δ for per-offset rows; 0 = pooled over the layer's offsets, or not per offset
+    stat: str  # max | mean | std | q05 | q25 | q50 | q75 | q95 (over positions, sequences, quadruples)
+    value: float  # the statistic
+    unit: str  # relative (ρ, dimensionless) | degrees | nats
+    count: int  # values the statistic summarises
+
+
+FIELDS = columns(GeometryRow)
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 DEGENERATE_SIN = 1e-6
 
@@ -160,7 +132,9 @@ def _extremes(values: torch.Tensor, quantity: str) -> list[dict]:
 def grassmann_layer_geometry(mixer: CausalGrassmann, h: torch.Tensor, max_quadruples: int | None = 2000,
                              seed: int = 0) -> list[dict]:
     """Plücker residuals, pair angles and plane drift of one Grassmann layer on its input
-    h (B, L, d) (module docstring). Offsets are the layer's own (per_layer schedules give one)."""
+    h (B, L, d), per offset and pooled (offset 0). Offsets are the layer's own (per_layer
+    schedules give one); a pair whose plane is degenerate (sin < DEGENERATE_SIN) has no
+    plane angle."""
     o = mixer.options
     z = mixer.reduce(h)  # (B, L, r), the model's dtype
     B, L, r = z.shape
@@ -239,8 +213,8 @@ def model_geometry(model: torch.nn.Module, seqs: torch.Tensor, max_quadruples: i
     return rows
 
 
-def run_geometry(run_dir: str | Path, spec: GeometrySpec) -> list[dict]:
-    """geometry.csv rows of one trained run on ``spec.num_sequences`` held-out sequences."""
+def run_geometry(run_dir: str | Path, spec: GeometrySpec) -> list[GeometryRow]:
+    """GeometryRows of one trained run on ``spec.num_sequences`` held-out sequences."""
     from seqmix.train.evaluate import load_run
 
     model, task, run = load_run(run_dir)
@@ -253,7 +227,7 @@ def write_geometry(run_dirs: list[Path], spec: GeometrySpec, out: Path, threads:
     """geometry.csv of the runs among ``run_dirs`` whose mixer has a geometry to measure
     (Grassmann, TSSA); returns the row count."""
     from seqmix import mixers
-    from seqmix.io import read_json, write_csv
+    from seqmix.io import read_json, write_rows
 
     if threads:
         torch.set_num_threads(threads)
@@ -261,5 +235,5 @@ def write_geometry(run_dirs: list[Path], spec: GeometrySpec, out: Path, threads:
     for d in run_dirs:
         if has_geometry(mixers.mixer_class(read_json(Path(d) / "metrics.json")["arch"])):
             rows += run_geometry(d, spec)
-    write_csv(out, rows, FIELDS)
+    write_rows(out, rows, GeometryRow)
     return len(rows)

@@ -1,29 +1,12 @@
-"""Effective attention of any mixer: how much each output position depends on each input
-position, a_{t,s} = ‖∂y_t/∂x_s‖_F, from the mixer's Jacobian on real inputs.
+"""Effective attention of any mixer, a_{t,s} = ‖∂y_t/∂x_s‖_F, from its Jacobian on real
+inputs: a row of non-negative weights per query position even for mixers with no score
+matrix, so that Su's sparsity (Su 2023, kexue.fm/archives/9889) puts every mixer on one
+axis. It is not the attention matrix, even for softmax (the report's "Attention sparsity").
 
-This puts every mixer on the axis Su's sparsity measures (Su 2023, kexue.fm/archives/9889): mixers without
-a score matrix (grassmann, mamba, h3, tssa, crate ...) get a row of non-negative weights per
-query position t. For a causal mixer a_{t,s} = 0 for s > t exactly, so S is taken over the
-visible part s ≤ t of each row.
-
-This is not the attention matrix, even for softmax attention. For y_t = W_o Σ_s A_ts W_v x_s
-with A = softmax(q kᵀ/√d_h),
-
-    ∂y_t/∂x_s = A_ts W_o W_v + W_o Σ_u (∂A_tu/∂x_s) W_v x_u,
-
-and the second term (the scores' own dependence on x_s: through k_s for every s, and through
-q_t for s = t) makes the diagonal a_{t,t} large and spreads mass over keys whose values differ
-from the row's average. Both measures are reported for softmax as the calibration between
-them (sparsity.py: kind "attention" vs "jacobian").
-
-Cost: one row of the Jacobian per output coordinate (t, i), i.e. d vector-Jacobian
-products per query position t. They run as one batched backward pass per chunk of rows:
-one forward, then ``torch.autograd.grad(..., is_grads_batched=True)`` with a stack of one-hot
-cotangents (vmap over the backward). Where a mixer's backward cannot be vmapped (a custom
-autograd function without a batching rule), the fallback repeats the sequence K times along
-the batch axis and gives each copy its own cotangent: the same numbers, one forward per
-copy, and nothing needed from the mixer but batch independence. Only the rows the caller
-asks for are computed (the analysis skips causal rows too short to be kept).
+The d vector-Jacobian products per query position run as one batched backward per chunk of
+rows (``is_grads_batched``: vmap over the backward); where a mixer's backward has no batching
+rule, the sequence is repeated along the batch axis instead, one cotangent per copy: the
+same numbers, needing nothing of the mixer but batch independence.
 """
 
 from __future__ import annotations

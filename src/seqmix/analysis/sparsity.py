@@ -1,55 +1,47 @@
-"""Su's sparsity of attention rows (Su 2023, kexue.fm/archives/9889): S(x) = E[x] / sqrt(E[x²]) of a row of
-non-negative scores. S = 1 for a constant row and 1/sqrt(n) for a one-hot row of length n;
-smaller is more concentrated. Measured here on trained models, on held-out sequences, in
-two ways (the ``kind`` column):
-
-- ``attention``: the rows of ``mixer.scores(h)`` for mixers with a score matrix
-  (``has_scores``), per layer and head.
-- ``jacobian``: the rows of the effective attention a_{t,s} = ‖∂y_t/∂x_s‖_F of the layer's
-  mixer (analysis/jacobian.py), for every mixer, so that attention-free mixers sit on the
-  same axis. Not the attention matrix even for softmax; both kinds are reported for the
-  mixers that have scores, softmax being the calibration.
-
-Architectures with no run on the configured language-model task (non-causal-only mixers
-such as Linformer, trained only as the SNLI encoder) are measured on their SNLI runs
-(``fallback_task``), on held-out sentence pairs cropped to a common length so that no row
-holds padding; the ``task`` column says which.
-
-In both, h is the hidden state each block's mixer actually received (captured with a
-forward pre-hook while the model reads the sequences), and S is taken over each row's
-visible part (s ≤ t for causal mixers), rows with at least ``min_row_len`` visible keys.
-
-``results/analysis/sparsity.csv`` (``python -m seqmix sparsity``), one row per
-(run, kind, layer, head); columns:
-
-    task, arch, seed   the trained run (seed = training seed)
-    kind               attention | jacobian (see above)
-    positions          all: every row with enough visible keys; scored: only the rows at the
-                       positions the task scores (MQAR: the queries, where the right answer
-                       is one key; Task.heldout_rows)
-    layer              block index, 0 = closest to the embedding
-    head               head index for kind=attention; -1 for kind=jacobian (whole mixer)
-    rows               number of rows (query positions × sequences) averaged
-    min_row_len        shortest visible row kept (keys)
-    S_mean, S_std, S_median   Su's S over those rows (dimensionless)
-    S_onehot_mean      mean of 1/sqrt(row length) over the same rows: S of one-hot rows,
-                       the most concentrated value possible
-    row_len_mean       mean visible row length (keys)
-    sequences          held-out sequences the rows come from
-    seq_len            their length (tokens)
+"""Su's sparsity (Su 2023, kexue.fm/archives/9889) of trained models on held-out inputs:
+S = E[x]/sqrt(E[x²]) of a row of non-negative weights, 1 for a constant row and 1/√n for a
+one-hot row of length n. Two kinds of row, so that attention-free mixers sit on the same
+axis as attention: a mixer's own scores (``mixer.scores(h)``, where it has them) and the
+Jacobian effective attention ‖∂y_t/∂x_s‖ of every mixer (analysis/jacobian.py). Mixers
+with no causal form are measured on their SNLI encoder runs (``fallback_task``), on pairs
+cropped to one length so that no row holds padding. Rows: ``SparsityRow``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
 from seqmix.analysis.capture import capture_mixer_inputs
+from seqmix.io import columns
 from seqmix.sections import SparsitySpec
 
-FIELDS = ["task", "arch", "seed", "kind", "positions", "layer", "head", "rows", "min_row_len",
-          "S_mean", "S_std", "S_median", "S_onehot_mean", "row_len_mean", "sequences", "seq_len"]
+
+class SparsityRow(TypedDict):
+    """One row of sparsity.csv: S over the rows of one (run, kind, layer, head), each row
+    taken over its visible keys (s ≤ t when causal) and kept with at least min_row_len."""
+
+    task: str  # the run's task (an encoder task for mixers with no causal form)
+    arch: str
+    seed: int  # training seed
+    kind: str  # attention (the mixer's scores) | jacobian (effective attention ‖∂y_t/∂x_s‖)
+    positions: str  # all: every row long enough | scored: the rows the task scores (MQAR: queries)
+    layer: int  # block index, 0 = closest to the embedding
+    head: int  # head index for kind=attention; -1 for kind=jacobian (the whole mixer)
+    rows: int  # rows (query positions × sequences) averaged
+    min_row_len: int  # shortest visible row kept (keys)
+    S_mean: float  # Su's S over those rows
+    S_std: float
+    S_median: float
+    S_onehot_mean: float  # mean 1/√(row length): S of one-hot rows, the most concentrated possible
+    row_len_mean: float  # mean visible row length (keys)
+    sequences: int  # held-out sequences the rows come from
+    seq_len: int  # their length (tokens)
+
+
+FIELDS = columns(SparsityRow)
 
 
 def su_sparsity(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -168,8 +160,8 @@ def model_sparsity(
     return out
 
 
-def measured_sparsity(run_dir: str | Path, spec: SparsitySpec) -> list[dict]:
-    """sparsity.csv rows of one trained run on ``spec.num_sequences`` held-out inputs of its
+def measured_sparsity(run_dir: str | Path, spec: SparsitySpec) -> list[SparsityRow]:
+    """SparsityRows of one trained run on ``spec.num_sequences`` held-out inputs of its
     task (an encoder task's are cropped to ``spec.crop_len`` tokens: no padding in a row)."""
     from seqmix.train.evaluate import load_run
 
@@ -185,7 +177,7 @@ def measured_sparsity(run_dir: str | Path, spec: SparsitySpec) -> list[dict]:
 def write_sparsity(run_dirs: list[Path], spec: SparsitySpec, out: Path, threads: int | None = None) -> int:
     """sparsity.csv of the finished runs among ``run_dirs`` (a diverged run has no
     attention to measure: it contributes no rows); returns the row count."""
-    from seqmix.io import read_json, write_csv
+    from seqmix.io import read_json, write_rows
 
     if threads:
         torch.set_num_threads(threads)
@@ -193,5 +185,5 @@ def write_sparsity(run_dirs: list[Path], spec: SparsitySpec, out: Path, threads:
     for d in run_dirs:
         if read_json(Path(d) / "metrics.json")["status"] == "ok":
             rows += measured_sparsity(d, spec)
-    write_csv(out, rows, FIELDS)
+    write_rows(out, rows, SparsityRow)
     return len(rows)

@@ -1,73 +1,47 @@
-"""Su's sparsity of attention rows in closed form (Su Jianlin, "Can attention mechanisms
-really concentrate attention?", kexue.fm/archives/9889, 2023), with the two checks each
-closed form must pass: numeric integration and Monte Carlo.
+"""Su's sparsity of attention rows in closed form (Su Jianlin 2023, "Can attention
+mechanisms really concentrate attention?", kexue.fm/archives/9889), with the two checks each
+closed form must pass: numeric integration (``s_quad``) and Monte Carlo.
 
-For a row of weights a_j ∝ f(q·k_j) with keys k = μ + σε, ε ~ N(0, I), and n → ∞,
-isotropy reduces Su's S(a) = E|a| / sqrt(E a²) to a 1-D integral over ε ~ N(0, 1):
-
-    S = E_ε|f(β + γε)| / sqrt(E_ε f²(β + γε)),   β = q·μ,  γ = σ‖q‖
-
-Closed forms implemented here (one function each):
-
-- exp (softmax):        S = exp(-γ²/2), independent of β.
-- relu² (GAU):          Su's Mathematica formula. With a = β/γ it is the ratio of truncated
-                        normal moments M₂(a)/sqrt(M₄(a)), M₂ = (a²+1)Φ(a) + aφ(a),
-                        M₄ = (a⁴+6a²+3)Φ(a) + (a³+5a)φ(a) (multiply Su's numerator and
-                        denominator by e^{β²/2γ²}/(2√π γ²) to see it); S(β=0) = 1/√6.
-- identity (plain linear, uses |f|): the folded-normal mean over the rms,
-                        S = (√(2/π) γ e^{-β²/2γ²} + β erf(β/(√2γ))) / sqrt(β² + γ²).
-- non-negative linear:  a_j = q̃·k̃_j with q̃, k̃ ≥ 0 (e.g. elu+1 features); exact for any
-                        key distribution with mean μ̃ and covariance Σ̃:
-                        S = 1 / sqrt(1 + q̃ᵀΣ̃q̃ / (q̃ᵀμ̃)²); with iid components
-                        S = 1 / sqrt(1 + ((σ̃/μ̃) · ‖q̃‖₂/‖q̃‖₁)²).
-- decay (linear RNN):   a = (λ^{n-1}, …, λ, 1),
-                        S = sqrt((1-λⁿ)/(n(1-λ)) · (1+λ)/(1+λⁿ)); finite n, no randomness.
-
-Su's remark on ‖q̃‖₂/‖q̃‖₁, re-derived: for q̃ ∈ R^d_{≥0} \\ {0}, Cauchy-Schwarz gives
-‖q̃‖₁ ≤ √d ‖q̃‖₂ and ‖q̃‖₂ ≤ ‖q̃‖₁, so 1/√d ≤ ‖q̃‖₂/‖q̃‖₁ ≤ 1, the lower bound attained by a
-uniform q̃ and the upper by a one-hot q̃. √d is the maximum of the *inverse* ratio; the
-article's "max √d" is inverted. Consequence for the iid case:
-1/sqrt(1 + (σ̃/μ̃)²) ≤ S ≤ 1/sqrt(1 + (σ̃/μ̃)²/d). The floor does not depend on d or on the
-query: only a large key-feature spread σ̃/μ̃ (sparse, mostly-zero features) lets
-non-negative linear attention concentrate. ``ratio_bounds`` states it; a test checks it.
-
-The curves CSV (``results/analysis/sparsity_analytic.csv``, written by
-``python -m seqmix sparsity-analytic``), one row per point, columns:
-
-    kernel   exp | relu2 | identity | elu1 | decay
-    method   closed_form (n → ∞ except decay) | monte_carlo (finite n, mean over rows)
-    beta     β = q·μ, key-bias term (dimensionless); NaN for decay
-    gamma    γ = σ‖q‖, query norm × key spread (dimensionless); NaN for decay
-    n        sequence length (number of keys in the row); inf for the n → ∞ forms
-    lambda   decay factor λ ∈ (0, 1]; NaN except for decay
-    d        feature dimension of elu1 (its S depends on d); NaN otherwise
-    S        Su's sparsity (dimensionless, 1 = uniform row, 1/√n = one-hot row)
-    S_se     standard error of S (monte_carlo rows: over ``mc_rows`` rows); 0 for closed forms
-    rows     number of sampled rows behind a monte_carlo point; 0 for closed forms
-
-For elu1 (φ(x) = elu(x) + 1 on both sides) the keys are k ~ N(μ₀·1, I) in R^d and the query
-points along one axis, q = ‖q‖ e₁ (the direction that makes ‖q̃‖₂/‖q̃‖₁ largest, i.e. the
-most concentrated row elu+1 attention can produce at that ‖q‖); then γ = ‖q‖ and β = ‖q‖μ₀.
+For weights a_j ∝ f(q·k_j), keys k = μ + σε, ε ~ N(0, I) and n → ∞, S(a) = E|a|/sqrt(E a²)
+reduces to S = E|f(β + γε)| / sqrt(E f²(β + γε)) over ε ~ N(0, 1), with β = q·μ, γ = σ‖q‖:
+one function per kernel below. The derivations, and the correction to the article's bound
+on ‖q̃‖₂/‖q̃‖₁, are in the report's "Attention sparsity" section.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TypedDict
 
 import numpy as np
 from scipy import integrate, special
 
+from seqmix.io import columns
 from seqmix.sections import SparsityAnalyticSpec
 
-FIELDS = ["kernel", "method", "beta", "gamma", "n", "lambda", "d", "S", "S_se", "rows"]
+# One row of sparsity_analytic.csv: one point of a curve. Functional syntax: ``lambda`` is a
+# Python keyword.
+SparsityAnalyticRow = TypedDict("SparsityAnalyticRow", {
+    "kernel": str,  # exp | relu2 | identity | elu1 | decay
+    "method": str,  # closed_form (n → ∞, except decay) | monte_carlo (finite n, mean over rows)
+    "beta": float,  # β = q·μ, the key-bias term; NaN for decay
+    "gamma": float,  # γ = σ‖q‖, query norm × key spread; NaN for decay
+    "n": float,  # keys in the row; inf for the n → ∞ forms
+    "lambda": float,  # decay factor λ ∈ (0, 1]; NaN except for decay
+    "d": float,  # feature dimension of elu1 (its S depends on d); NaN otherwise
+    "S": float,  # Su's sparsity: 1 for a uniform row, 1/√n for a one-hot one
+    "S_se": float,  # standard error of a monte_carlo S (over ``rows`` rows); 0 for closed forms
+    "rows": int,  # sampled rows behind a monte_carlo point; 0 for closed forms
+})
+FIELDS = columns(SparsityAnalyticRow)
 
 SQRT2 = math.sqrt(2.0)
 SQRT_2PI = math.sqrt(2.0 * math.pi)
 
 
 # ---------------------------------------------------------------------------------------
-# Closed forms (Su 2023; derivations in the module docstring)
+# Closed forms (Su 2023; derivations in the report's "Attention sparsity" section)
 # ---------------------------------------------------------------------------------------
 
 
@@ -174,7 +148,9 @@ def elu1(x: np.ndarray) -> np.ndarray:
 
 
 def s_elu1(q_norm: float, mu0: float, d: int) -> float:
-    """S of elu+1 attention for q = ‖q‖e₁ and keys k ~ N(μ₀·1, I) in R^d (iid features)."""
+    """S of elu+1 attention for keys k ~ N(μ₀·1, I) in R^d (iid features) and q = ‖q‖e₁, the
+    direction that makes ‖q̃‖₂/‖q̃‖₁ largest: the most concentrated row elu+1 attention can
+    produce at that ‖q‖ (then γ = ‖q‖ and β = ‖q‖μ₀)."""
     q_tilde = np.ones(d)
     q_tilde[0] = float(elu1(q_norm))
     mean, var = elu1_moments(mu0, 1.0)
@@ -273,12 +249,12 @@ def s_monte_carlo_finite_n(
 
 
 def _row(kernel, method, *, beta=float("nan"), gamma=float("nan"), n=float("inf"),
-         lam=float("nan"), d=float("nan"), S, S_se=0.0, rows=0) -> dict:
+         lam=float("nan"), d=float("nan"), S, S_se=0.0, rows=0) -> SparsityAnalyticRow:
     return {"kernel": kernel, "method": method, "beta": beta, "gamma": gamma, "n": n,
             "lambda": lam, "d": d, "S": S, "S_se": S_se, "rows": rows}
 
 
-def analytic_curves(cfg: SparsityAnalyticSpec) -> list[dict]:
+def analytic_curves(cfg: SparsityAnalyticSpec) -> list[SparsityAnalyticRow]:
     """Every row of sparsity_analytic.csv from the ``analysis.sparsity_analytic`` config:
     the closed forms over the β × γ grid, decay over λ × n, and finite-n Monte Carlo rows
     converging to the n → ∞ closed forms at the ``mc_points``."""

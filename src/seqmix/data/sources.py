@@ -1,9 +1,9 @@
-"""Where raw data comes from: the Hugging Face hub, or a local mirror directory with the
-layout of shared/data (see its README). Mirror files are checked against the published
-sha256 of the official releases before anything is read from them; a missing or wrong
-file stops the job naming the file, its expected digest and the fix (which names the
-setting in force: the config key 'data.mirror' or the environment variable, which the CLI
-reads and passes here as ``env_mirror``)."""
+"""Where raw data comes from: the Hugging Face hub, or a local mirror directory holding the
+official raw files (layout: the README's "The data mirror"). Mirror files are checked against
+the published sha256 of the official releases before anything is read from them; a missing
+or wrong file stops the job naming the file, its expected digest and the fix, which names
+the setting in force: the config key 'data.mirror' or the environment variable (read by the
+CLI and passed here as ``env_mirror``)."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def load_wikitext2(source: Source, splits=WIKITEXT_SPLITS):
 
 def _hub_subset(ds, train_file: str):
     # The mirror's subsets were cut from the official train file; on the hub the same rows
-    # are recovered with the same sampler (shared/data/README.md).
+    # are recovered with the same sampler (the README's "The data mirror").
     if train_file == "train_sample_1pct":
         idx = np.random.RandomState(0).choice(SNLI_TRAIN_PAIRS, 5502, replace=False)
         return ds.select(idx.tolist())

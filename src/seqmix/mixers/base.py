@@ -24,18 +24,8 @@ class NoOptions:
 
 
 class Mixer(nn.Module):
-    """Base class. Subclasses set ``Options`` and implement ``forward``.
-
-    Optional capabilities (tests and analyses discover them with ``hasattr``-style checks
-    on the class flags below):
-
-    - ``scores(x) -> (B, H, L, L)``: non-negative, unnormalised attention scores, for
-      mixers with an explicit or kernelised score matrix (``has_scores = True``).
-    - ``init_state(batch, device, dtype)`` and ``step(x_t, state) -> (y_t, state)``: the
-      recurrent form, one token at a time (``has_step = True``); a test holds it equal to
-      ``forward``.
-    - ``flops(seq_len) -> float``: theoretical forward FLOPs for one sequence.
-    """
+    """Base class. Subclasses set ``Options`` and implement ``forward``; the optional
+    capabilities below are declared by the class flags, which tests and analyses read."""
 
     Options: ClassVar[type] = NoOptions
     supports_causal: ClassVar[bool] = True
@@ -74,15 +64,19 @@ class Mixer(nn.Module):
         return set()
 
     def flops(self, seq_len: int) -> float:
+        """Theoretical forward FLOPs for one sequence."""
         raise NotImplementedError(f"{type(self).__name__} does not state its FLOP count")
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, L) non-negative, unnormalised attention scores (``has_scores``)."""
         raise NotImplementedError(f"{type(self).__name__} has no explicit score matrix")
 
     def init_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> Any:
         raise NotImplementedError(f"{type(self).__name__} has no recurrent form")
 
     def step(self, x_t: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        """(y_t, state): the recurrent form, one token at a time from ``init_state``'s state
+        (``has_step``); a test holds it equal to ``forward``."""
         raise NotImplementedError(f"{type(self).__name__} has no recurrent form")
 
     def extra_repr(self) -> str:

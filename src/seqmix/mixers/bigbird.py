@@ -1,30 +1,11 @@
-"""BigBird block-sparse attention: window + global + random (Zaheer et al. 2020, arXiv:2007.14062).
-
-The sequence is cut into blocks of b tokens (``block_size``). Query block β attends, with
-softmax over the union, to the key blocks
-
-    global:  the first g blocks (``n_global_blocks``)
-    window:  β−1, β, β+1            (causal: β−1, β)
-    random:  r blocks (``n_random``) drawn without replacement from the blocks that are
-             neither global nor in the window (causal: only from blocks before the window)
-
-and the global blocks' own queries attend to every key (causal: every earlier key). In the
-causal variant the token mask j ≤ i applies on top, inside the query's own block. The
-random blocks are fixed per layer: those of query block β are a function of (seed, β) only,
-drawn from a generator seeded with both, so the causal pattern of a block does not depend
-on how long the sequence is (the seed is a buffer, saved with the model).
-
-Choices where the paper and its code (google-research/bigbird) leave room:
-- block size 8 by default, not the reference's 64: a query sees about g + 2 + r = 6 blocks,
-  so with b = 64 the pattern is dense for every L ≤ 384, i.e. at every length this study
-  trains at (64 quick, 128-256 paper); with b = 8 it is sparse from L = 64 on;
-- global = the first block(s) in both variants (ITC's 2 global blocks are the first and the
-  last; a last block cannot be global in a causal model, and one rule for both keeps the
-  LM and the SNLI encoder the same architecture).
-
-Fast path ``block_sparse_attention``: every query block gathers its ≤ g + 3 + r key blocks
-(O(L·(g + 3 + r)·b) time and memory) and the global rows are computed densely (O(g·b·L)).
-``bigbird_reference`` is the dense masked softmax over ``bigbird_mask`` it must equal.
+"""BigBird block-sparse attention: window + global + random (Zaheer et al. 2020,
+arXiv:2007.14062). The sequence is cut into blocks of b tokens; query block β attends, with
+one softmax over the union, to the first g blocks (global), to blocks β−1, β, β+1 (window;
+causal: β−1, β, with the token mask j ≤ i on top) and to r random blocks that are neither
+(causal: only earlier ones); the global blocks' own queries attend to every key. The random
+blocks of β are a function of (seed, β) only, so a block's causal pattern does not depend on
+the sequence length. ``block_sparse_attention`` is the fast path; ``bigbird_reference``, the
+dense masked softmax over ``bigbird_mask``, is what it must equal.
 """
 
 from __future__ import annotations
@@ -43,18 +24,21 @@ from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 class BigBirdOptions:
     n_heads: int = 4
     bias: bool = True
-    block_size: int = dataclasses.field(default=8, metadata={"ge": 1})  # b (reference 64; see the module docstring)
+    # b = 8, not the reference's 64: a query sees about g + 2 + r = 6 blocks, so b = 64 would be
+    # dense at every L ≤ 384, i.e. at every length trained here; b = 8 is sparse from L = 64.
+    block_size: int = dataclasses.field(default=8, metadata={"ge": 1})
     n_random: int = dataclasses.field(default=3, metadata={"ge": 0})  # r random key blocks per query block (reference 3)
-    n_global_blocks: int = dataclasses.field(default=1, metadata={"ge": 0})  # g: the first blocks are global
+    # g: the first block(s) are global in both variants (ITC's are the first and the last; a
+    # causal model cannot have a global last block, and one rule keeps LM and encoder alike).
+    n_global_blocks: int = dataclasses.field(default=1, metadata={"ge": 0})
     seed: int | None = None  # random-block seed; None = drawn from torch's global RNG
 
 
 # Short sequences take the dense path: softmax attention through the fused SDPA kernel with
 # the pattern as a boolean mask, exact like the gathered path. On a CPU (one thread) the
 # fused kernel gets through a (query, key) pair about 4× faster than the gather, so dense
-# wins while L ≤ 4 × the keys a gathered query block reads (K·b); measured crossover at
-# b = 8, r = 3, g = 1 (K·b = 48): between L = 128 (dense 37 ms, gathered 58 ms fwd+bwd) and
-# L = 512 (115 vs 46 ms).
+# wins while L ≤ 4 × the keys a gathered query block reads (K·b; at b = 8, r = 3, g = 1 the
+# crossover lies between L = 128 and 512).
 DENSE_FACTOR = 4
 
 

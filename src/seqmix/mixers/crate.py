@@ -1,25 +1,9 @@
-"""CRATE: white-box transformer, MSSA + ISTA (Yu et al. 2023, NeurIPS, arXiv:2306.01129).
-
-Each layer is one step of sparse rate reduction, Z^{ℓ+1} = ISTA(Z^ℓ + MSSA(Z^ℓ)):
-
-    MSSA (compression):  w = U x with one Linear(d → heads·dim_head, bias=False),
-                         Q = K = V = w (tied),
-                         out = to_out( softmax(w wᵀ · dim_head^(-1/2)) w )   (per head)
-    ISTA (sparsification, D ∈ R^{d×d}, η = 0.1, λ = 0.1):
-                         Z^{ℓ+1} = ReLU( x + η Dᵀ(x − D x) − ηλ )
-                                 = ReLU( x + η(Dᵀx − DᵀDx) − ηλ )
-
-following the reference code (``model/crate.py``: ``Attention``, ``FeedForward``). MSSA is
-softmax attention with tied projections (causal mask when causal), so it has ``scores`` and
-a ``step`` (a cache of w). ISTA replaces the block's feed-forward (``feedforward = ISTA``,
-which ignores d_ff and dropout, as the reference's FeedForward does) and its output
-*replaces* the stream: the reference has no residual around it (``x = ff(LN(x))``), so
-``feedforward_residual = False`` and the block computes h = ISTA(LN2(h)) (pre-LN, the
-reference's block) or h = LN2(ISTA(h)) (post-LN).
-
-Initialisation: D is Kaiming-uniform (the reference); ISTA's ``reset_mixer_parameters``
-re-applies it after the LM's GPT-2 init. MSSA's Linear layers keep the GPT-2 init (the
-reference uses the framework default, no specific scheme).
+"""CRATE: white-box transformer, MSSA + ISTA (Yu et al. 2023, NeurIPS, arXiv:2306.01129), as
+in its reference code (Ma-Lab-Berkeley/CRATE ``model/crate.py``). Each layer is one step of
+sparse rate reduction, Z^{ℓ+1} = ISTA(Z^ℓ + MSSA(Z^ℓ)): MSSA is softmax attention with tied
+projections Q = K = V = U x (so it has ``scores`` and a ``step``), and ISTA, one sparse-coding
+step ReLU(x + η Dᵀ(x − D x) − ηλ), replaces the block's feed-forward and its output replaces
+the stream (``feedforward_residual = False``: the reference has no residual around it).
 """
 
 from __future__ import annotations
@@ -55,7 +39,9 @@ class ISTA(nn.Module):
         self.reset_mixer_parameters()
 
     def reset_mixer_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.weight)  # the reference's init (a=0: bound √(6/d))
+        # The reference's init (a=0: bound √(6/d)), re-applied after the LM's GPT-2 init. MSSA's
+        # Linear layers keep the GPT-2 init: the reference has no scheme of its own for them.
+        nn.init.kaiming_uniform_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         D = self.weight

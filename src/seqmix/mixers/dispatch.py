@@ -1,30 +1,8 @@
 """Which implementation runs a mixer's hot loop: a Triton kernel, a fused CPU op or the plain
-PyTorch reference. One setting per process, a record of the path each call took, and a
-fallback to the reference when a fast path fails.
-
-Settings (``Implementation``):
-
-- ``auto``: Triton kernels for CUDA tensors, fused CPU ops for CPU tensors, else the reference;
-- ``reference``: the plain PyTorch path everywhere (config ``train.reference_mixers: true``,
-  or ``SEQMIX_REFERENCE_MIXERS=1``, which the CLI reads);
-- ``triton``: Triton kernels for every tensor, CPU ones included, which needs the Triton
-  interpreter (``TRITON_INTERPRET=1`` before the kernels are imported): how the tests check a
-  mixer's kernel dispatch on a CPU. Other fast paths as under ``auto``.
-
-The CLI sets the process's setting once (``configure``); ``using(setting)`` sets it for a block
-(one training run, a test, a benchmark case) and yields that block's ``Record``: the path each
-named fast path took (``"triton"``, ``"fused_cpu"``, ``"reference"`` or ``"reference
-(fallback: …)"``), which ``provenance()`` reports for provenance.json and benchmark rows.
-
-Fallback: a fast path that raises before returning its output, or whose backward fails when
-first tried at a new signature (see ``_check_backward``), is replaced by the reference for
-that call and for the rest of the process, with one ``KernelFallbackWarning`` naming the
-kernel, the input shapes and dtypes and the Triton version. Not caught: CUDA out-of-memory
-(the reference needs more memory than the fused kernel it would replace, so it would fail
-too, later and slower; the fix is a smaller batch), errors on fake or meta tensors (cost
-counting and tracing, where a failure is the tracer's, and the counters handle their own),
-and KeyboardInterrupt. ``warnings.simplefilter("error", KernelFallbackWarning)`` makes a
-fallback an error (for a GPU check that must prove the kernels).
+PyTorch reference. One setting per process (``configure``, called by the CLI) or per block
+(``using``: one training run, a test, a benchmark case), a ``Record`` of the path each
+named fast path took (for provenance.json and benchmark rows), and a fallback to the
+reference, with one ``KernelFallbackWarning``, when a fast path fails (``call``).
 """
 
 from __future__ import annotations
@@ -41,6 +19,10 @@ from typing import Literal, get_args
 import torch
 from torch._subclasses.fake_tensor import FakeTensor  # imported by torch itself
 
+# auto: Triton kernels for CUDA tensors, fused CPU ops for CPU tensors, else the reference;
+# reference: the reference everywhere (config train.reference_mixers, or SEQMIX_REFERENCE_MIXERS=1);
+# triton: Triton kernels for CPU tensors too, under the Triton interpreter (TRITON_INTERPRET=1
+# before the kernels are imported): how the tests check a mixer's kernel dispatch on a CPU.
 Implementation = Literal["auto", "reference", "triton"]
 SETTINGS: tuple[str, ...] = get_args(Implementation)
 FastKind = Literal["triton", "fused_cpu"]
@@ -169,7 +151,12 @@ def _tracing(x: torch.Tensor) -> bool:
 
 def call(name: str, args: tuple, reference: Callable[..., torch.Tensor], *paths: FastPath) -> torch.Tensor:
     """``reference(*args)``, or the first of ``paths`` that applies to the first tensor of
-    ``args`` under the setting in force, falling back to the reference when it fails."""
+    ``args`` under the setting in force. A fast path that raises, or whose backward fails at
+    a new signature (``_check_backward``), gives way to the reference for this call and the
+    rest of the process. Not caught: CUDA out-of-memory (the reference needs more memory, so
+    it would fail too, later; the fix is a smaller batch) and errors on fake or meta tensors
+    (the tracer's). ``warnings.simplefilter("error", KernelFallbackWarning)`` makes a
+    fallback an error, for a GPU check that must prove the kernels."""
     block = record()
     x = next(a for a in args if isinstance(a, torch.Tensor))
     path = None if block.setting == "reference" else next(
@@ -192,7 +179,7 @@ def call(name: str, args: tuple, reference: Callable[..., torch.Tensor], *paths:
             _check_backward(name, path, x, args)
     except torch.OutOfMemoryError:
         raise
-    except Exception as err:  # noqa: BLE001 - any failure of the fast path: see the module docstring
+    except Exception as err:  # noqa: BLE001 - any failure of the fast path (docstring)
         block.note(name, f"reference (fallback: {_fall_back(name, path, args, err)})")
         return reference(*args)
     block.note(name, path.kind)

@@ -1,37 +1,13 @@
-"""Gated linear attention, GLA (Yang et al., ICML 2024, arXiv:2312.06635; fla defaults).
+"""Gated linear attention, GLA (Yang et al., ICML 2024, arXiv:2312.06635; fla defaults):
+linear attention whose d_k × d_v state forgets along the key dimension with a data-dependent
+gate, S_t = Diag(α_t) S_{t-1} + k_tᵀ v_t, o_t = q_t S_t, log α_t = logsigmoid(x W_α1 W_α2 +
+b_α) / τ (fla ``gk``), inside fla's ``GatedLinearAttention`` layer (d_k = d/2, per-head
+RMSNorm, output gate swish(x W_g); no feature map, no short convolution).
 
-Linear attention whose d_k × d_v state forgets along the key dimension with a
-data-dependent gate α_t ∈ (0, 1]^{d_k}, per head:
-
-    S_t = Diag(α_t) S_{t-1} + k_tᵀ v_t,      o_t = q_t S_t               (recurrent form)
-    log α_t = logsigmoid(x_t W_α1 W_α2 + b_α) / τ,  rank 16, τ = 16     (fla ``gk``)
-
-The layer around it (fla ``GatedLinearAttention``): q = x W_q, k = x W_k with
-d_k = d/2 (expand_k 0.5), v = x W_v (expand_v 1), 4 heads, q scaled by d_k_head^-1/2,
-then per-head RMSNorm of o, an output gate swish(x W_g) and W_o. No feature map, no short
-convolution (fla's defaults).
-
-Two functions form the kernel interface (shapes (B, H, L, Dk) for q, k, log_alpha and
-(B, H, L, Dv) for v; log_alpha ≤ 0; output (B, H, L, Dv)):
-
-- ``gla_recurrent_reference``: the token-by-token recurrence (fla ``naive_recurrent_gla``),
-  the specification.
-- ``gla_chunk_reference``: the paper's chunkwise-parallel form, used by ``forward`` on the
-  CPU (on a GPU ``forward`` calls the Triton kernel ``seqmix.kernels.gla.chunk_gla``). With
-  b_t the cumulative gate from the chunk start, the state is carried across chunks,
-      S_[n] = γ_n S_[n-1] + (K_[n] ⊙ Γ_[n])ᵀ V_[n],   O_[n] = (Q_[n] ⊙ Λ_[n]) S_[n-1] + intra,
-  and inside a chunk the masked product (Q ⊙ Λ)(K / Λ)ᵀ is formed by *secondary chunking*
-  (the paper's secondary-level chunking, fla ``chunk.py``): sub-chunks of 16 tokens; between sub-chunks I > J the decay is
-  split at the end of sub-chunk I-1, so q and k are each scaled by exp(≤ 0); inside a
-  sub-chunk the decay exp(g_i - g_j), i ≥ j, is formed pairwise in log space. No factor
-  exp(+Σ log α) is ever formed, so strong decays (log α = -5 per step, -320 over a
-  64-token chunk) underflow harmlessly to 0 instead of overflowing to inf.
-  Per head: time O(L C (d_k + d_v) + L d_k d_v), memory O(L (16 + C/16) d_k + L d_v);
-  linear in L for a fixed chunk. The loop in Python runs over the L/C chunks only.
-
-This mixer is causal only (``supports_noncausal = False``): the SNLI classifier runs it
-causally. It has no non-negative L × L score matrix (q kᵀ is signed), so the sparsity
-analysis uses its Jacobian.
+``gla_recurrent_reference`` (fla ``naive_recurrent_gla``) is the specification; the
+chunkwise forms (the CPU path) and the Triton kernel (``seqmix.kernels.gla``) must equal it.
+Causal only. It has no score matrix (q kᵀ is signed), so the sparsity analysis reads its
+Jacobian.
 """
 
 from __future__ import annotations
@@ -88,12 +64,10 @@ def _masked_exp(exponent: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 def gla_chunk_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_alpha: torch.Tensor, chunk_size: int = 64
 ) -> torch.Tensor:
-    """The chunkwise-parallel form of ``gla_recurrent_reference`` (Yang et al. 2024).
-
-    Same arguments and result; ``chunk_size`` is C. Any L works (the tail chunk is padded
-    with zeros and log α = 0, which leaves the earlier outputs unchanged). Half-precision
-    inputs are computed in fp32 and cast back.
-    """
+    """The chunkwise-parallel form of ``gla_recurrent_reference`` (Yang et al. 2024), secondary
+    chunking inside (fla ``chunk.py``): no exp(+Σ log α) is formed, so strong decays underflow
+    to 0 instead of overflowing. ``chunk_size`` is C; any L works (the tail chunk is padded
+    with zeros and log α = 0); half-precision inputs are computed in fp32 and cast back."""
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]
     out_dtype = v.dtype
@@ -153,14 +127,12 @@ def gla_chunk_hierarchical(
     """``gla_recurrent_reference`` by chunks whose inside is split in halves: the CPU path.
 
     Same arguments and result; ``chunk_size`` C must be a power of two. Across chunks the
-    state is carried as in ``gla_chunk_reference``, by ``seqmix.mixers.scan.linear_scan``
-    (no Python loop over chunks). Inside a chunk, every pair j < i lies in exactly one block
-    of s = C, C/2, …, 2 tokens with j in its first half and i in its second; with r = g at
-    the last token of the first half, exp(g_i − g_j) = exp(g_i − r) · exp(r − g_j), both
-    factors ≤ 1, so each level is two matrix products on rescaled q and k (the secondary
-    chunking of §5.1 applied recursively, down to pairs); j = i adds (q_i · k_i) v_i. No
-    exp(+Σ log α) is formed, so strong decays underflow to 0 instead of overflowing, and
-    nothing of size C × C × d_k is materialised: per head O(L (d_k log C + C + d_v)) work.
+    state is carried by ``seqmix.mixers.scan.linear_scan`` (no Python loop over chunks).
+    Inside a chunk every pair j < i lies in exactly one block of s = C, C/2, …, 2 tokens with
+    j in its first half and i in its second; splitting the decay at the end of the first
+    half (both factors ≤ 1) makes each level two matrix products on rescaled q and k (the
+    secondary chunking of §5.1 applied recursively). Nothing of size C × C × d_k is
+    materialised: per head O(L (d_k log C + C + d_v)) work.
     """
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]

@@ -1,44 +1,10 @@
 """Causal Grassmann mixing (Zhang 2025, "Attention Is Not What You Need: Grassmann Flows as
-an Attention-Free Alternative for Sequence Modeling", arXiv:2512.19428, §3.2).
-
-Each token is reduced to z_t ∈ R^r, paired with earlier tokens at a few offsets Δ, and the
-2-plane span(z_t, z_{t-Δ}) is encoded by its Plücker coordinates p_ij = a_i b_j - a_j b_i
-(i < j, r(r-1)/2 numbers). Their projection g_t is gated back into the stream:
-
-    z_t   = W_red h_t + b_red                                    (linear reduction, r = 32)
-    p̂_t^Δ = p(z_t, z_{t-Δ}) / max(‖p‖, ε),   Δ ∈ W_t = {Δ : t-Δ ≥ 0}   (causal form, below)
-    g_t   = W_plü · mean_{Δ∈W_t} p̂_t^Δ + b_plü      (0 when W_t is empty)
-    α_t   = σ(W_gate [h_t; g_t] + b_gate)
-    out_t = W_out (α_t ⊙ h_t + (1-α_t) ⊙ g_t) + b_out            (W_out optional, see below)
-
-Three decisions the paper leaves to us, all recorded in Options:
-- pairing t with t-Δ. §3.2 pairs z_t with z_{t+Δ} over the offsets with t+Δ ≤ L, so the
-  output at t would read later tokens, the next one included: in a language model that
-  leaks the target. Pairing t with t-Δ (W_t = {Δ : t-Δ ≥ 0}, g_t = 0 when W_t is empty)
-  gives the paper's pair (z_s, z_{s+Δ}) to the later position s+Δ instead of s; since
-  p(b, a) = -p(a, b) its features are the paper's up to one global sign, which the learned
-  W_plü absorbs. The public reproductions pair the same way (kanenorman/grassmann
-  ``model.py``; alphaXiv/paper-implementations ``grassmann.py``).
-- ``schedule``: §4.1 gives the offsets {1, 2, 4, 8, 12, 16} for 6 layers and "a repeated
-  pattern across depth (1,1,2,2,4,4,8,8,12,12,16,16)" for 12. Two readings: "all" = every
-  layer averages all the offsets of the list, as §3.2's average over a layer's offsets
-  describes (the reading of the 6-layer model; for the 12-entry list every offset is then
-  counted twice); "per_layer" = layer ℓ uses only offsets[ℓ], as the 12-entry list, one
-  offset per layer, suggests. The paper's 12-layer runs may be either; both are here.
-- ``out_proj``: one extra Linear(d, d) with bias after the blend. The paper reports 13.00M
-  parameters for 6 layers and 18.16M for 12 (Tables 1-2; V = 30,522, d = 256, r = 32,
-  128 learned positions, tied embeddings). The layer as §3.2 writes it has W_red 8,224 +
-  W_plü 127,232 + W_gate 131,328 + LayerNorm 512 + the feed-forward with its LayerNorm
-  526,080 = 793,376 parameters; with the 7,846,912 shared ones (token embedding 7,813,632,
-  positions 32,768, final LayerNorm 512), 6 layers make 12,607,168 (12.61M), not 13.00M.
-  One Linear(256, 256) with bias per layer (+65,792) makes 859,168 per layer, and
-  7,846,912 + 6·859,168 = 13,001,920 and 7,846,912 + 12·859,168 = 18,156,928: both of the
-  paper's counts exactly. The paper does not name this layer; the counts imply it. (The
-  Transformer: 263,680 attention + 526,080 feed-forward per layer gives 12,585,472 and
-  17,324,032, the paper's 12.59M and 17.32M; tests/test_grassmann.py checks all of them.)
-
-Because W_plü is shared across offsets and linear, the mean of the projections equals the
-projection of the mean; the reference averages in Plücker space and projects once.
+an Attention-Free Alternative for Sequence Modeling", arXiv:2512.19428, §3.2): each token
+is reduced to z_t ∈ R^r, paired with earlier tokens z_{t-Δ} at a few offsets, and the
+normalised Plücker coordinates of span(z_t, z_{t-Δ}), averaged over the valid offsets, are
+projected and gated back into the stream. The equations and the three choices the paper
+leaves open (pairing t with t-Δ, ``schedule``, ``out_proj``: the output projection its
+parameter counts imply) are in the report's "Architectures" section.
 """
 
 from __future__ import annotations
@@ -59,8 +25,10 @@ from seqmix.mixers.base import Mixer, linear_flops
 class GrassmannOptions:
     rank: int = dataclasses.field(default=32, metadata={"ge": 2})
     offsets: tuple[PositiveInt, ...] = dataclasses.field(default=(1, 2, 4, 8, 12, 16), metadata={"min_length": 1})
+    # §4.1's 12-layer list (1,1,2,2,...,16,16): every layer averages all of it (all), or layer ℓ
+    # uses offsets[ℓ] (per_layer); the paper's runs may be either.
     schedule: Literal["all", "per_layer"] = "all"
-    out_proj: bool = True
+    out_proj: bool = True  # Linear(d, d) after the blend: the paper's 13.00M/18.16M parameters need it
     normalize: bool = True
     eps: float = 1e-6
 
@@ -108,6 +76,10 @@ def grassmann_mix_reference(
     C = r * (r - 1) // 2
     p_sum = z.new_zeros(B, L, C)
     count = z.new_zeros(L)
+    # §3.2 pairs t with t + Δ, which reads the next token; pairing backwards only flips the
+    # features' sign, which W_plü absorbs (as kanenorman/grassmann ``model.py`` and
+    # alphaXiv/paper-implementations ``grassmann.py`` do). W_plü is linear and shared across
+    # offsets, so the Plücker vectors are averaged first and projected once.
     for delta in offsets:
         if abs(delta) >= L:
             continue

@@ -1,20 +1,10 @@
-"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs", ICML, arXiv:2006.16236).
-
-Softmax's similarity exp(qᵀk) is replaced by a kernel φ(q)ᵀφ(k) with φ = elu + 1 > 0, so
-the sum over keys factorises through a d_k × d_v state:
-
-    V'_i = φ(Q_i)ᵀ S_i / (φ(Q_i)ᵀ z_i + ε),   ε = 1e-6
-    causal:      S_i = Σ_{j≤i} φ(K_j) V_jᵀ,   z_i = Σ_{j≤i} φ(K_j)     (a prefix sum; `step`)
-    non-causal:  S = Σ_j φ(K_j) V_jᵀ,          z = Σ_j φ(K_j)
-
-Multi-head with Q/K/V/O projections with bias, like the softmax baseline (4 heads).
-
-The causal core ``causal_linear_attention`` is chunked (the form of fla's ``chunk`` ops):
-the sequence is cut into chunks of C tokens; inside a chunk the masked C × C product is
-computed directly, across chunks the state S, z is carried as a prefix sum of per-chunk
-sums. Memory is O(L·C + (L/C)·d_k·d_v), time O(L·C·d + L·d_k·d_v): linear in L, with no
-L × L tensor and no (L, d_k, d_v) cumulative sum. ``linear_attention_reference`` is the dense
-masked form it must equal (tests/test_zoo_attention.py); ``step`` is the recurrent form.
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs", ICML,
+arXiv:2006.16236): softmax's exp(qᵀk) replaced by φ(q)ᵀφ(k), φ = elu + 1 > 0, so the sum over
+keys factorises through a d_k × d_v state, V'_i = φ(Q_i)ᵀ S_i / (φ(Q_i)ᵀ z_i + ε) with
+S_i = Σ_{j≤i} φ(K_j) V_jᵀ, z_i = Σ_{j≤i} φ(K_j) (causal; all j when not). Multi-head with
+Q/K/V/O projections with bias, like the softmax baseline. The causal core is chunked (fla's
+``chunk`` form): linear in L, with no L × L tensor and no (L, d_k, d_v) cumulative sum;
+``linear_attention_reference`` is the dense form it must equal.
 """
 
 from __future__ import annotations

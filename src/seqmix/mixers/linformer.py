@@ -1,20 +1,10 @@
-"""Linformer: low-rank attention over a projected sequence axis (Wang et al. 2020, arXiv:2006.04768).
-
-Keys and values are projected along the sequence axis from n = max_len positions to k:
-
-    head_h = softmax( Q_h (E K_h)ᵀ / √d_head ) (F V_h),   E, F ∈ R^{k×n} learned
-
-E and F are shared by the heads ("headwise" sharing, the lucidrains/linformer default);
-``share_kv`` ties F = E (the paper's key-value sharing). Layerwise sharing is not offered:
-every layer has its own E, F. k defaults to 64 and is capped at max_len.
-
-NON-causal only: E mixes every position into every projected key, so the output at t
-depends on the tokens after t (``supports_causal = False``; ``build(..., causal=True)``
-raises the registry's error). It needs max_len (E's width). A sequence of L < max_len
-tokens uses the first L columns of E and F, which is the same as padding K and V with zero
-rows up to max_len (lucidrains/linformer slices the same way). There is no ``scores``:
-the L × L matrix that mixes V is softmax(Q (EK)ᵀ) F, whose entries are signed (F is), so
-no row of it is a distribution. No ``step``: there is no recurrent form.
+"""Linformer: low-rank attention over a projected sequence axis (Wang et al. 2020,
+arXiv:2006.04768): head_h = softmax(Q_h (E K_h)ᵀ / √d_head)(F V_h) with learned
+E, F ∈ R^{k×n}, n = max_len, shared by the heads and not across layers. Non-causal only: E
+mixes every position into every projected key. A sequence of L < max_len uses the first L
+columns of E and F, the same as padding K and V with zero rows (lucidrains/linformer slices
+the same way). No ``scores``: the matrix that mixes V, softmax(Q (EK)ᵀ) F, is signed (F is);
+no ``step``: there is no recurrent form.
 """
 
 from __future__ import annotations
@@ -33,7 +23,7 @@ class LinformerOptions:
     n_heads: int = 4
     bias: bool = True
     k: int = dataclasses.field(default=64, metadata={"ge": 1})  # projected length (capped at max_len)
-    share_kv: bool = False  # F = E
+    share_kv: bool = False  # F = E, the paper's key-value sharing (default: lucidrains' "headwise")
 
 
 def linformer_attention(q, k, v, E: torch.Tensor, F: torch.Tensor) -> torch.Tensor:

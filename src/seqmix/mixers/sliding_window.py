@@ -1,30 +1,12 @@
-"""Sliding-window + global attention (Longformer, Beltagy et al. 2020, arXiv:2004.05150).
-
-Softmax attention restricted to a pattern P (w = ``window``, g = ``n_global``):
+"""Sliding-window + global attention (Longformer, Beltagy et al. 2020, arXiv:2004.05150):
+softmax attention restricted to a pattern P, w = ``window``, g = ``n_global``:
 
     causal:     j ∈ P(i)  ⇔  j ≤ i and (i − j < w  or  j < g  or  i < g)
     non-causal: j ∈ P(i)  ⇔  |i − j| ≤ w // 2  or  j < g  or  i < g
-    out_i = Σ_{j∈P(i)} softmax_j(q_iᵀk_j / √d_head) v_j
 
-Every token attends to the w tokens before it (itself included; w//2 on each side when
-non-causal) and to the g global tokens, the first positions of the sequence; the global
-tokens attend to every token (causal: to every earlier token, so nothing leaks; their past
-holds only global tokens). With ``global_projections`` the global tokens' own rows use
-separate Q_g, K_g, V_g (Longformer's second set of projections); the other rows, including
-their attention to the global keys, use Q, K, V.
-
-Defaults: w = 32, g = 1. The quick profile trains on blocks of 64 tokens and the paper
-setting on 128 (Zhang 2025, arXiv:2512.19428, §4.1): with w = 32 the window is a half and a quarter of the context, so the
-pattern is sparse where it matters while each token still sees a useful neighbourhood
-(Longformer's autoregressive LM also starts from small windows in its lower layers). One
-global token is the smallest Longformer pattern: the LM has no task tokens (its first
-position is an arbitrary token of the block, a fixed anchor every query can read), and for
-SNLI it is [CLS], Longformer's global token for classification.
-
-Fast path ``banded_attention``: queries in chunks of C ≈ w tokens attend to their own and
-the neighbouring chunk(s) (C × 2C or C × 3C scores) plus the g global keys, and the g global
-rows are computed densely: O(L·(w + g)) time and memory. ``sliding_window_reference`` is
-the dense masked softmax it must equal (tests/test_zoo_attention.py).
+The global tokens are the first g positions. ``banded_attention`` computes it in
+O(L·(w + g)) time and memory; ``sliding_window_reference`` is the dense masked softmax it
+must equal.
 """
 
 from __future__ import annotations
@@ -44,16 +26,23 @@ from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 class SlidingWindowOptions:
     n_heads: int = 4
     bias: bool = True
-    window: int = dataclasses.field(default=32, metadata={"ge": 1})  # w: keys per query in the causal window, itself included
-    n_global: int = dataclasses.field(default=1, metadata={"ge": 0})  # g: global tokens, the first positions of the sequence
-    global_projections: bool = False  # separate Q_g, K_g, V_g for the global rows
+    # w: keys per query in the causal window, itself included. 32 is a half and a quarter of
+    # the 64- and 128-token contexts trained (Zhang 2025, arXiv:2512.19428, §4.1): sparse where
+    # it matters, a useful neighbourhood still (Longformer's LM also starts from small windows).
+    window: int = dataclasses.field(default=32, metadata={"ge": 1})
+    # g: global tokens, the first positions; 1 is the smallest Longformer pattern (the LM's
+    # first token is an anchor every query can read; SNLI's [CLS], Longformer's global token).
+    n_global: int = dataclasses.field(default=1, metadata={"ge": 0})
+    # Longformer's second set of projections, Q_g, K_g, V_g, for the global tokens' own rows;
+    # every other row, its attention to the global keys included, uses Q, K, V.
+    global_projections: bool = False
 
 
 # Short sequences take the dense path: softmax attention through the fused SDPA kernel with
 # the pattern as a boolean mask, exact like the banded path. On a CPU (one thread) the fused
 # kernel gets through a (query, key) pair about 4× faster than the banded gather, so dense
-# wins while L ≤ 4 × the keys a banded query reads (2w + g); measured crossover at w = 32,
-# g = 1: between L = 256 (dense 62 ms, banded 90 ms fwd+bwd) and L = 512 (122 vs 61 ms).
+# wins while L ≤ 4 × the keys a banded query reads (2w + g; at w = 32, g = 1 the crossover
+# lies between L = 256 and 512).
 DENSE_FACTOR = 4
 
 

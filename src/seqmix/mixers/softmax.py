@@ -1,10 +1,7 @@
-"""Softmax multi-head attention, the baseline every other mixer is measured against.
-
-The Grassmann paper's Transformer: d=256, 4 heads, Q/K/V/O projections with bias
-(263,680 parameters per attention block with its LayerNorm; Zhang 2025, arXiv:2512.19428, §4.1;
-the parameter count is reconciled in grassmann.py).
-The fast path is PyTorch's scaled_dot_product_attention (flash / memory-efficient kernels
-where available); ``attention_reference`` is the plain formula it must equal.
+"""Softmax multi-head attention, the baseline every other mixer is measured against: the
+Grassmann paper's Transformer attention (Zhang 2025, arXiv:2512.19428, §4.1: 4 heads, Q/K/V/O
+projections with bias). The fast path is PyTorch's scaled_dot_product_attention (flash /
+memory-efficient kernels where available); ``attention_reference`` is the formula it must equal.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
-"""Token Statistics Self-Attention, TSSA (ToST; Wu et al., ICLR 2025, arXiv:2412.17810, §3).
-
-One gradient step on a variational coding-rate objective: each head k projects the tokens,
-w = U_kᵀ z ∈ R^p (one fused ``c_attn`` Linear(d, d) split into H heads, p = d/H), soft
-memberships Π (softmax over heads) weight second-moment statistics of w, and every token
-is rescaled feature-wise by ∇f(x) = 1/(1 + x) of those statistics. No token pairs are
-compared, so time and memory are O(L d).
-
-Causal form (RobinWu218/ToST ``tost_lang/model_TSSA.py`` ``CausalSelfAttention_TSSA``), per head, prefix sums over s ≤ t:
-
-    denom_t  = max(Σ_{s≤t} w_s², 1e-12)
-    Π_t      = softmax_heads( temp_k · Σ_c (w_t²/denom_t + b_{k,t}) )     b = denom_bias (H × max_len)
-    dots_t   = Σ_{s≤t} Π_s w_s² / (Σ_{s≤t} Π_s + 1e-8)
-    y_t      = -Π_t w_t ⊙ 1/(1 + dots_t);   out = c_proj(concat_k y)
-
-Non-causal form (``tost_vision/tost.py`` ``AttentionTSSA``): w normalised over tokens per feature for Π,
-π̃ = Π / (Σ_j Π_j + 1e-8), dots = Σ_j π̃_j w_j², y = -Π w ⊙ 1/(1 + dots).
-
-``tssa_reference`` is the kernel interface (per-head tensors, before c_proj; on a GPU
-``forward`` calls the Triton kernel ``seqmix.kernels.tssa.tssa``). ``step`` is
-the O(1) recurrent form of the causal one: A_t = A_{t-1} + w_t², M_t = M_{t-1} + Π_t w_t²,
-c_t = c_{t-1} + Π_t and the position t (b is a per-position table).
-
-The learned ``denom_bias`` has one row per position, so the causal layer needs ``max_len``
-and cannot run longer sequences. ``temp`` (init 1) and ``denom_bias`` (init 0) are excluded
-from weight decay. The official attention dropout on 1/(1 + dots) is left out (ToST's
-language configs train with dropout 0; the block's dropout acts on the mixer output).
-Defaults: 4 heads, so p = 64 at d = 256 as in ToST-base (768 / 12).
+"""Token Statistics Self-Attention, TSSA (ToST; Wu et al., ICLR 2025, arXiv:2412.17810, §3):
+one gradient step on a variational coding-rate objective. Each head projects the tokens,
+w = U_kᵀ z; soft memberships Π (softmax over heads) weight second-moment statistics of w,
+and every token is rescaled feature-wise by 1/(1 + those statistics). No token pairs are
+compared, so time and memory are O(L d). The causal form follows RobinWu218/ToST
+``tost_lang/model_TSSA.py`` (``CausalSelfAttention_TSSA``), the non-causal one
+``tost_vision/tost.py`` (``AttentionTSSA``); ``tssa_reference`` is the specification the
+Triton kernel (``seqmix.kernels.tssa``) must equal.
 """
 
 from __future__ import annotations
@@ -42,7 +22,7 @@ from seqmix.mixers.base import Mixer, linear_flops
 
 @dataclasses.dataclass
 class TSSAOptions:
-    n_heads: int = 4
+    n_heads: int = 4  # p = 64 at d = 256, as ToST-base's 768 / 12
     bias: bool = True  # c_attn / c_proj bias (nanoGPT's default)
 
 
@@ -57,7 +37,7 @@ def _check_positions(denom_bias: torch.Tensor | None, L: int) -> None:
 def tssa_membership(
     w: torch.Tensor, temp: torch.Tensor, denom_bias: torch.Tensor | None, causal: bool
 ) -> torch.Tensor:
-    """Π: soft membership of every token in every head, softmax over heads (both forms above).
+    """Π: soft membership of every token in every head, softmax over heads.
 
     w: (B, H, L, p); temp: (H,); denom_bias: (H, L_max, 1) when causal (None: no bias,
     as in the kernel) -> Π: (B, H, L).
@@ -80,7 +60,8 @@ def tssa_reference(
 ) -> torch.Tensor:
     """TSSA per head before c_proj; w: (B, H, L, p), temp: (H,), denom_bias: (H, L_max, 1)
     (None when non-causal) -> y: (B, H, L, p). Half-precision w is computed in fp32 (the
-    prefix sums of w² lose too much in bf16) and the result cast back."""
+    prefix sums of w² lose too much in bf16) and the result cast back. The official attention
+    dropout on 1/(1 + dots) is left out: ToST's language configs train with dropout 0."""
     out_dtype = w.dtype
     w = w.to(torch.promote_types(w.dtype, torch.float32))
     Pi = tssa_membership(w, temp, denom_bias, causal)  # (B, H, L)

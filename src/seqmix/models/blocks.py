@@ -1,36 +1,9 @@
-"""The residual blocks a mixer sits in, one per published architecture family.
-
-Each mixer trains in its own paper's block by default (``model.block: native``; the
-catalogue's ``MixerEntry.block``); a config can force one block for every architecture
-(``model.block: post``, an ablation) or per architecture (``{default: pre, mamba: native}``).
-
-    post            the Grassmann paper's post-LN Transformer block (Zhang 2025,
-                    arXiv:2512.19428, §3.2), the Transformer/Grassmann claim's setting:
-                        h = LN1(h + Drop(mix(h)));   h = LN2(h + Drop(FFN(h)))
-                    a mixer with its residual inside (Grassmann's gate, §3.2 step 5):
-                        h = Drop(LN1(mix(h)))
-    pre             pre-LN (Xiong et al. 2020, arXiv:2002.04745; CRATE, H3, GLA):
-                        h = h + Drop(mix(LN1(h)));   h = h + Drop(FFN(LN2(h)))
-    pre_layerscale  ToST's block (Wu et al. 2025, arXiv:2412.17810; RobinWu218/ToST
-                    ``tost_lang/model_TSSA.py`` Block): pre-LN with LayerScale,
-                        h = h + γ1 ⊙ Drop(mix(LN1(h)));   h = h + γ2 ⊙ Drop(FFN(LN2(h)))
-                    γ initialised to 1e-5, the residual projections (``c_proj``, the
-                    MLP's output) to N(0, 0.02/√(2·n_layers)) as nanoGPT's.
-    pre_rms         Mamba's block (Gu & Dao 2023, arXiv:2312.00752; state-spaces/mamba
-                    ``mamba_simple.py`` Block + ``MixerModel``): RMSNorm (ε 1e-5), no MLP,
-                        h = h + Drop(mix(RMSNorm(h)))
-                    out_proj re-initialised as MixerModel's ``rescale_prenorm_residual``
-                    (Kaiming-uniform, a = √5, divided by √n_layers).
-
-A mixer whose feed-forward output replaces the stream (CRATE's ISTA,
-``feedforward_residual = False``) has no residual around it in any block:
-post h = LN2(ISTA(h)), pre h = ISTA(LN2(h)) (CRATE's own, Ma-Lab-Berkeley/CRATE
-``model/crate.py``: x = x + attn(LN(x)); x = ff(LN(x))), which keeps ISTA's exact zeros in
-the stream. Dropout (``model.dropout``) acts on each branch's output, as nanoGPT's
-``resid_dropout`` (Mamba's reference has none; set ``dropout: 0`` for it).
-
-The language model's final norm is the block's norm (RMSNorm after pre_rms blocks, as
-MixerModel's ``norm_f``; LayerNorm otherwise).
+"""The residual blocks a mixer sits in, one per published architecture family (``post``,
+``pre``, ``pre_layerscale``, ``pre_rms``; each method below names its source). Each mixer
+trains in its own paper's block by default (``model.block: native``, the catalogue's
+``MixerEntry.block``); a config can force one block for all (``model.block: post``, an
+ablation) or per architecture (``{default: pre, mamba: native}``). The equations are in the
+report's "Architectures" section.
 """
 
 from __future__ import annotations
@@ -64,7 +37,8 @@ class MLP(nn.Module):
 
 
 def norm_class(block: str) -> type[nn.Module]:
-    """The normalisation a block uses (and the LM's final norm after it)."""
+    """The normalisation a block uses, and the LM's final norm after it (RMSNorm after
+    pre_rms blocks, as Mamba's MixerModel ``norm_f``; LayerNorm otherwise)."""
     if block not in catalogue.BLOCKS:
         raise ValueError(f"unknown block {block!r}; blocks: {', '.join(catalogue.BLOCKS)}")
     return nn.RMSNorm if block == "pre_rms" else nn.LayerNorm
@@ -99,8 +73,11 @@ class Block(nn.Module):
         self.ffn = ffn_cls(d_model, d_ff, dropout) if d_ff > 0 and block != "pre_rms" else None
         self.norm1 = make_norm(block, d_model)
         self.norm2 = make_norm(block, d_model) if self.ffn is not None else None
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout)  # on each branch's output, as nanoGPT's resid_dropout
         self.gated = type(self.mixer).residual_in_mixer
+        # CRATE's ISTA replaces the stream, with no residual around it in any block (its
+        # reference, Ma-Lab-Berkeley/CRATE model/crate.py: x = x + attn(LN(x)); x = ff(LN(x))),
+        # which keeps ISTA's exact zeros.
         self.ffn_residual = type(self.mixer).feedforward_residual
         if block == "pre_layerscale":
             self.gamma1 = nn.Parameter(torch.full((d_model,), LAYERSCALE_INIT))
@@ -110,18 +87,23 @@ class Block(nn.Module):
         return self.FORWARD[self.kind](self, h)
 
     def _post(self, h: torch.Tensor) -> torch.Tensor:
+        """The Grassmann paper's post-LN Transformer block (Zhang 2025, arXiv:2512.19428, §3.2);
+        a mixer with its residual inside (Grassmann's gate, §3.2 step 5) gets none around it."""
         h = self.drop(self.norm1(self.mixer(h))) if self.gated else self.norm1(h + self.drop(self.mixer(h)))
         if self.ffn is None:
             return h
         return self.norm2(h + self.drop(self.ffn(h))) if self.ffn_residual else self.norm2(self.ffn(h))
 
     def _pre(self, h: torch.Tensor) -> torch.Tensor:
+        """Pre-LN (Xiong et al. 2020, arXiv:2002.04745; CRATE's, H3's and GLA's block)."""
         h = h + self.drop(self.mixer(self.norm1(h)))
         if self.ffn is None:
             return h
         return h + self.drop(self.ffn(self.norm2(h))) if self.ffn_residual else self.ffn(self.norm2(h))
 
     def _pre_layerscale(self, h: torch.Tensor) -> torch.Tensor:
+        """ToST's block (Wu et al. 2025, arXiv:2412.17810; RobinWu218/ToST
+        ``tost_lang/model_TSSA.py`` Block): pre-LN with both branches scaled by LayerScale γ."""
         h = h + self.gamma1 * self.drop(self.mixer(self.norm1(h)))
         if self.ffn is None:
             return h
@@ -130,6 +112,8 @@ class Block(nn.Module):
         return h + self.gamma2 * self.drop(self.ffn(self.norm2(h)))
 
     def _pre_rms(self, h: torch.Tensor) -> torch.Tensor:
+        """Mamba's block (Gu & Dao 2023, arXiv:2312.00752; state-spaces/mamba ``mamba_simple.py``
+        Block + MixerModel): RMSNorm, no MLP. Its reference has no dropout: set ``dropout: 0``."""
         return h + self.drop(self.mixer(self.norm1(h)))
 
     FORWARD = {"post": _post, "pre": _pre, "pre_layerscale": _pre_layerscale, "pre_rms": _pre_rms}
@@ -142,13 +126,13 @@ class Block(nn.Module):
     @torch.no_grad()
     def reset_block_parameters(self) -> None:
         """The block's own initialisation, run after the model's GPT-2 init (models/lm.py)."""
-        if self.kind == "pre_layerscale":
+        if self.kind == "pre_layerscale":  # ToST's: γ = 1e-5, residual projections as nanoGPT's
             for gamma in (self.gamma1, self.gamma2):
                 if gamma is not None:
                     gamma.fill_(LAYERSCALE_INIT)
             for p in self._residual_projections():
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.n_layers))
-        elif self.kind == "pre_rms":
+        elif self.kind == "pre_rms":  # Mamba MixerModel's rescale_prenorm_residual
             for p in self._residual_projections():
                 nn.init.kaiming_uniform_(p, a=math.sqrt(5))
                 p /= math.sqrt(self.n_layers)  # n_residuals_per_layer = 1 (no MLP)

@@ -1,60 +1,79 @@
-"""`python -m seqmix collect`: one row per run (metrics.json + eval.json + config.json) in a
-CSV that the notebooks read, so that every number in the report traces back to a run
-directory.
-
-``results/summary/runs.csv``, columns:
-
-    profile, task, kind, group   the task's name (sweep point included), its kind, and the
-                                 task it was swept from (= task outside a sweep)
-    sweep                        JSON of the sweep's settings at this point ({} outside one)
-    arch, seed, status           the run; status ok | diverged
-    metric, higher_is_better     the task's primary metric
-    params, d_model, n_layers    the trained model's size (after budget solving)
-    lr                           peak learning rate
-    steps_planned, steps_completed, diverged_at_step
-    seen, seen_unit              training progress (tokens or examples)
-    reach                        how many positions back the model's output can read (the sum
-                                 of its layers' reaches; empty: unbounded)
-    chance                       the task's chance level of its metric (empty: none; MQAR:
-                                 1 / key-value pairs, a model that outputs some value)
-    final_gain                   how much the periodic evaluation metric improved over the last
-                                 quarter of the run's steps (in the better direction; 0 when
-                                 training stopped early at its target): a run still learning
-                                 when its budget ran out has a large one
-    eval_split, eval_value, eval_loss, eval_scored     final evaluation on the eval split
-    test_split, test_value, test_loss, test_scored     ... and on the test split
-    scored_unit                  what *_scored counts (tokens, queries, examples)
-    train_data, train_complete, eval_data, test_data   what the data were (manifests)
-    tokenizer, device, wall_time_s, run_dir
-
-``results/summary/breakdown.csv``: what a task's evaluation reports beyond its metric, one
-row per (run, split, by, value); columns:
-
-    task, kind, group, sweep, arch, seed   the run, as above
-    split                        eval or test split
-    by                           what the scores are broken down by (MQAR: query_distance,
-                                 the tokens from a query back to its key)
-    value                        the value of ``by`` (e.g. a distance in tokens)
-    correct, scored              correct predictions and scored units at that value
+"""`python -m seqmix collect`: one row per run (metrics.json + eval.json + config.json) in
+runs.csv, and what each evaluation broke its scores down by in breakdown.csv, so that every
+number in the report traces back to a run directory. Rows: ``RunRow``, ``BreakdownRow``.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TypedDict
 
-from seqmix.io import read_json, write_csv
-
-FIELDS = [
-    "profile", "task", "kind", "group", "sweep", "arch", "seed", "status", "metric", "higher_is_better",
-    "params", "d_model", "n_layers", "lr", "steps_planned", "steps_completed", "diverged_at_step",
-    "seen", "seen_unit", "reach", "chance", "final_gain", "eval_split", "eval_value", "eval_loss", "eval_scored", "test_split",
-    "test_value", "test_loss", "test_scored", "scored_unit", "train_data", "train_complete",
-    "eval_data", "test_data", "tokenizer", "device", "wall_time_s", "run_dir",
-]
+from seqmix.io import read_json, write_rows
 
 
-def run_row(run_dir: Path) -> dict:
+class RunRow(TypedDict):
+    """One row of runs.csv: one training run, with its final evaluation."""
+
+    profile: str
+    task: str  # the task's name, sweep point included
+    kind: str  # the task's kind
+    group: str  # the task it was swept from (= task outside a sweep)
+    sweep: str  # JSON of the sweep's settings at this point ({} outside one)
+    arch: str
+    seed: int
+    status: str  # ok | diverged
+    metric: str  # the task's primary metric
+    higher_is_better: bool
+    params: int  # the trained model's size (after budget solving)
+    d_model: int
+    n_layers: int
+    lr: float  # peak learning rate
+    steps_planned: int
+    steps_completed: int
+    diverged_at_step: int | None
+    seen: int  # training progress, in seen_unit
+    seen_unit: str  # tokens | examples
+    reach: int | None  # positions back the output can read (sum of the layers'); empty: unbounded
+    chance: float | None  # chance level of the metric (MQAR: 1 / key-value pairs); empty: none
+    final_gain: float | None  # improvement over the last quarter of the steps (``final_gain``)
+    eval_split: str  # final evaluation on the eval split ...
+    eval_value: float
+    eval_loss: float
+    eval_scored: int
+    test_split: str  # ... and on the test split
+    test_value: float
+    test_loss: float
+    test_scored: int
+    scored_unit: str  # what *_scored counts: tokens | queries | examples
+    train_data: str  # what the data were (from the manifests)
+    train_complete: bool
+    eval_data: str
+    test_data: str
+    tokenizer: str
+    device: str
+    wall_time_s: float
+    run_dir: str
+
+
+class BreakdownRow(TypedDict):
+    """One row of breakdown.csv: the scores of one run's split at one value of what its
+    task breaks them down by."""
+
+    task: str  # the run, as in runs.csv
+    kind: str
+    group: str
+    sweep: str
+    arch: str
+    seed: int
+    split: str  # the evaluated split
+    by: str  # what the scores are broken down by (MQAR: query_distance, tokens from query to key)
+    value: str  # the value of ``by`` (e.g. a distance in tokens)
+    correct: int  # correct predictions at that value
+    scored: int  # scored units at that value
+
+
+def run_row(run_dir: Path) -> RunRow:
     m = read_json(run_dir / "metrics.json")
     e = read_json(run_dir / "eval.json")
     cfg = read_json(run_dir / "config.json")
@@ -102,10 +121,7 @@ def read_csv_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-BREAKDOWN_FIELDS = ["task", "kind", "group", "sweep", "arch", "seed", "split", "by", "value", "correct", "scored"]
-
-
-def breakdown_rows(run_dir: Path, row: dict) -> list[dict]:
+def breakdown_rows(run_dir: Path, row: RunRow) -> list[BreakdownRow]:
     e = read_json(run_dir / "eval.json")
     ids = {k: row[k] for k in ("task", "kind", "group", "sweep", "arch", "seed")}
     return [{**ids, "split": split, "by": by, "value": value, "correct": counts[0], "scored": counts[1]}
@@ -117,8 +133,8 @@ def breakdown_rows(run_dir: Path, row: dict) -> list[dict]:
 def collect(run_dirs: list[Path], out: Path, breakdown_out: Path | None = None) -> int:
     """runs.csv (and breakdown.csv) of ``run_dirs``; returns the number of runs."""
     rows = [run_row(Path(d)) for d in run_dirs]
-    write_csv(out, rows, FIELDS)
+    write_rows(out, rows, RunRow)
     if breakdown_out is not None:
         parts = [breakdown_rows(Path(d), r) for d, r in zip(run_dirs, rows)]
-        write_csv(breakdown_out, [b for part in parts for b in part], BREAKDOWN_FIELDS)
+        write_rows(breakdown_out, [b for part in parts for b in part], BreakdownRow)
     return len(rows)

@@ -1,6 +1,6 @@
 """The complexity notebook's numbers: the cost-exponent table, the Triton kernel table and
 the ``cx`` macros, from ``complexity.csv``, ``complexity_fit.csv`` and ``complexity_growth.csv``
-(columns: seqmix/analysis/complexity.py) and any ``kernels-*.csv`` benchmark."""
+(row types: ``ComplexityRow``, ``FitRow``, ``GrowthRow`` in seqmix.analysis) and any ``kernels-*.csv`` benchmark."""
 
 from __future__ import annotations
 

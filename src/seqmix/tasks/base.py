@@ -1,24 +1,9 @@
 """The Task interface: everything that differs between tasks lives in a Task subclass, so
 that the config, the rules, the training loop, the analyses, ``collect`` and the notebooks
-never branch on a task's name.
-
-A task kind is one module in this package (or any importable one) with a ``Task``
-subclass, plus one line in ``seqmix/catalogue.py``. It declares:
-
-- ``Settings``: its config section's own keys (a ``TaskSettings`` model with defaults);
-- ``is_language_model``: True if it trains a causal LM (then only mixers with a causal
-  form run on it), False for an encoder (mixers are built non-causal where they can be);
-- ``needs_tokenizer``: whether its data preparation reads the shared tokenizer;
-- ``metric``/``higher_is_better``: its primary evaluation metric;
-- ``progress_unit``: what the ``seen`` count of training measures (tokens, examples);
-- ``scored_unit``: what an evaluation counts as scored (tokens, queries, examples);
-- ``length_key``: the setting its sequence length comes from (``sequence_length``), which
-  the preflight names when a step cannot fit the machine.
-
-and implements data preparation (``prepare``, a classmethod: no run exists yet), the model a
-run trains (``build_model``), its batches (a pure function of the step, so a resumed run
-draws the batches of an uninterrupted one), its loss, its evaluation, and the held-out
-inputs the analyses read (``heldout_inputs``).
+never branch on a task's name. A task kind is one module (in this package or any importable
+one) with a ``Task`` subclass, plus one line in ``seqmix/catalogue.py``: it declares the
+class attributes below and implements data preparation, the model a run trains, its
+batches, loss and evaluation, and the held-out inputs the analyses read.
 """
 
 from __future__ import annotations
@@ -41,14 +26,16 @@ def batch_generator(seed: int, step: int) -> torch.Generator:
 
 class Task:
     kind: ClassVar[str]
-    Settings: ClassVar[type[TaskSettings]] = TaskSettings
+    Settings: ClassVar[type[TaskSettings]] = TaskSettings  # its config section's own keys and defaults
+    # A causal LM (only mixers with a causal form run on it), or an encoder (mixers are built
+    # non-causal where they can be).
     is_language_model: ClassVar[bool]
-    needs_tokenizer: ClassVar[bool] = False
-    metric: ClassVar[str]
+    needs_tokenizer: ClassVar[bool] = False  # whether its data preparation reads the shared tokenizer
+    metric: ClassVar[str]  # its primary evaluation metric
     higher_is_better: ClassVar[bool]
-    progress_unit: ClassVar[str]
-    scored_unit: ClassVar[str]
-    length_key: ClassVar[str | None] = None
+    progress_unit: ClassVar[str]  # what training's ``seen`` counts: tokens | examples
+    scored_unit: ClassVar[str]  # what an evaluation scores: tokens | queries | examples
+    length_key: ClassVar[str | None] = None  # the setting its length comes from, named by the preflight
 
     # -- data (before any run) --------------------------------------------------------------
 
@@ -141,6 +128,8 @@ class Task:
         raise NotImplementedError
 
     def train_batch(self, step: int, batch_size: int, device) -> tuple:
+        """The batch of ``step``: a pure function of (seed, step) (``batch_generator``), so that a
+        resumed run draws the batches of an uninterrupted one."""
         raise NotImplementedError
 
     def loss(self, model: torch.nn.Module, batch: tuple) -> torch.Tensor:

@@ -1,15 +1,7 @@
-"""Checkpoints: written atomically (seqmix.io: a killed job never leaves a half-written
-file, a failed write removes its temporary file) and read back with ``weights_only=True``
-(no arbitrary code runs on load).
-
-torch.save writes through a Python file object here, so that a full disk raises
-``OSError(ENOSPC)``, or torch's RuntimeError "enforce fail at inline_container.cc ...
-unexpected pos" chained to it when the error meets torch's zip writer mid-record; either
-way seqmix.io removes the partial file and raises one FileError naming the file, "disk
-full" and the space left. A file that cannot be
-read back (truncated, corrupted, not a checkpoint) raises :class:`CorruptCheckpoint`
-naming it. torch.load does not check the archive's CRC-32s (a flipped byte in a tensor
-loads as a wrong weight), so every member is checked against its CRC-32 first.
+"""Checkpoints: written atomically (seqmix.io: a killed job never leaves a half-written file,
+and a full disk is one FileError naming the file and the space left) and read back with
+``weights_only=True`` (no arbitrary code runs on load). A file that cannot be read back
+raises :class:`CorruptCheckpoint` naming it.
 """
 
 from __future__ import annotations
@@ -29,6 +21,8 @@ class CorruptCheckpoint(FileError):
 
 
 def save_atomic(obj: Any, path: str | Path) -> None:
+    # Through a Python file object, so that a full disk raises OSError(ENOSPC), or torch's
+    # "enforce fail at inline_container.cc" chained to it, which seqmix.io recognises.
     with atomic_file(path) as f:
         torch.save(obj, f)
 
@@ -40,6 +34,7 @@ def load(path: str | Path, map_location="cpu", keys: tuple[str, ...] = ()) -> An
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing")
     try:
+        # torch.load does not check the archive's CRC-32s: a flipped byte would load as a wrong weight.
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()  # the first member whose CRC-32 does not match, or None
         if bad is not None:
