@@ -179,6 +179,22 @@ def holds_lock(run_dir: Path):
     return ready
 
 
+def has_checkpointed(run_dir: Path, times: int):
+    """ready(pid) for kill_at: the run has saved its checkpoint ``times`` times (each save a new
+    file renamed over the last; inodes are reused, so a save is told by its inode and mtime)
+    and not yet finished: a moment counted in training steps, which no change in the
+    machine's load can move past the end of the run."""
+    seen: set[tuple[int, int]] = set()
+    def ready(pid: int) -> bool:
+        try:
+            stat = (run_dir / loop.CHECKPOINT).stat()
+            seen.add((stat.st_ino, stat.st_mtime_ns))
+        except OSError:
+            pass
+        return len(seen) >= times and not (run_dir / loop.FINAL).exists()
+    return ready
+
+
 def namespace_available() -> bool:
     """Whether `unshare -rm` can give a test a private mount namespace (user namespaces:
     no root needed), where it may mount a tmpfs or a read-only bind."""
@@ -220,17 +236,20 @@ def test_training_killed_at_random_moments_ends_like_an_uninterrupted_run(study,
     run_dir = Path(killed.run_dir)
     cmd = seqmix_cmd("train", "--quiet", "--spec", killed.model_dump_json())
     rng = random.Random(KILL_SEED)
-    # The first kill while it trains (so that it resumes from a checkpoint); the others
-    # anywhere, past the end too: while results are written, or while a finished run writes
-    # them again from checkpoints/final.pt.
-    moments = [round(training * rng.uniform(0.25, 0.7), 3), *(round(span * rng.uniform(0, 1.2), 3) for _ in range(2))]
-    landed = [kill_at(cmd, m, ready=holds_lock(run_dir)) for m in moments]
+    # The first kill while it trains, after its n-th checkpoint (n counted, not timed: a
+    # lock-timed kill once landed past the end on a loaded machine). The others anywhere, past
+    # the end too: while results are written, or while a finished run writes them again from
+    # checkpoints/final.pt.
+    saves = rng.randint(1, 200 // settings["checkpoint_every"] - 2)
+    moments = [round(span * rng.uniform(0, 1.2), 3) for _ in range(2)]
+    landed = [kill_at(cmd, 0, ready=has_checkpointed(run_dir, saves)),
+              *(kill_at(cmd, m, ready=holds_lock(run_dir)) for m in moments)]
     if landed[-1]:
         rerun = run_cmd(cmd)
         assert rerun.returncode == 0, rerun.stderr
     resumed = read_json(run_dir / "metrics.json")["resumed_from_steps"]
     assert any(0 < step < 200 for step in resumed), (
-        f"no kill (at {moments} s after the lock; training took {training:.2f} s) landed mid-training, "
+        f"no kill (after checkpoint {saves}, then {moments} s after the lock; training took {training:.2f} s) landed mid-training, "
         "after a checkpoint: lengthen the run")
     assert_same_run(run_dir, Path(clean.run_dir))
 
