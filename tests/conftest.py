@@ -48,7 +48,7 @@ def mirror() -> Path:
     path = mirror_path()
     if path is None:
         where = os.environ.get("SEQMIX_DATA_MIRROR") or REPO.parent / "shared" / "data"
-        skip_or_fail(f"no data mirror at {where}: set SEQMIX_DATA_MIRROR to a copy of shared/data",
+        skip_or_fail(f"no data mirror at {where}: set SEQMIX_DATA_MIRROR to a directory with the mirror layout (README: The data mirror)",
                      REQUIRE_MIRROR_ENV, "the data layer")
     return path
 

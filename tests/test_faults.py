@@ -771,7 +771,7 @@ def test_raw_data_of_the_mirror(tmp_path, monkeypatch, how):
     source = resolve_source(DataSpec(mirror=str(mirror), source="mirror"))
     assert mirror_file(source, *key) == target
     damaged(target, how)
-    fix = ("copy the official file there (shared/data/SHA256SUMS lists every digest) or point the config key "
+    fix = ("copy the official file there (the mirror's SHA256SUMS lists every digest) or point the config key "
            "'data.mirror' at a mirror that has a good copy")
     with pytest.raises(DataError) as e:
         mirror_file(source, *key)

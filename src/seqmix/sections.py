@@ -134,7 +134,7 @@ class TrainSpec(Section):
 class DataSpec(Section):
     dir: str = Field("data", description="where prepared data is written (no {, }, <, > or leading ~: Snakemake builds its paths from it)",
                      json_schema_extra=WORKFLOW_PATH_PATTERN)
-    mirror: str | None = Field(None, description=f"local directory with the raw files (layout of shared/data); {MIRROR_ENV} is used when this is null")
+    mirror: str | None = Field(None, description=f"local directory with the raw files (wikitext-2-raw/, snli/, SHA256SUMS: README, The data mirror); {MIRROR_ENV} is used when this is null")
     source: Literal["auto", "hub", "mirror"] = Field("auto", description="auto means the mirror when one is set, else the Hugging Face hub")
 
     _dir_works = field_validator("dir")(workflow_path)

@@ -93,12 +93,12 @@ def resolve_source(data: DataSpec, env_mirror: str | None = None) -> Source:
         raise DataError(
             "config key 'data.source' is 'mirror' but no mirror is set: set 'data.mirror' in "
             f"the config or the environment variable {MIRROR_ENV} to a directory with the "
-            "layout of shared/data"
+            "mirror layout (wikitext-2-raw/, snli/, SHA256SUMS; README: The data mirror)"
         )
     path = Path(mirror).expanduser().resolve()
     if not path.is_dir():
         raise DataError(f"data mirror {path} (from the {origin}) is not a directory; "
-                        "point it at a copy of shared/data")
+                        "point it at a directory with the mirror layout (README: The data mirror)")
     return Source("mirror", path, origin)
 
 
@@ -106,7 +106,7 @@ def mirror_file(source: Source, task: str, split: str, verify: bool = True) -> P
     """Path of one raw file in the mirror, checked against its published sha256."""
     raw = RAW_FILES[(task, split)]
     assert source.mirror is not None
-    restore = ("copy the official file there (shared/data/SHA256SUMS lists every digest) or point the "
+    restore = ("copy the official file there (the mirror's SHA256SUMS lists every digest) or point the "
                f"{source.origin} at a mirror that has a good copy")
     for rel in raw.paths:
         p = source.mirror / rel
