@@ -18,10 +18,11 @@ MEM_MB ?= $(shell awk '/MemTotal/ {printf "%d", $$2 * 0.9 / 1024}' /proc/meminfo
 SNAKEMAKE_ARGS ?=
 SNAKEMAKE := snakemake --profile workflow/profiles/default --cores $(CORES) --resources mem_mb=$(MEM_MB) $(SNAKEMAKE_ARGS)
 
-.PHONY: install latex report paper paper-smoke plan test test-all lint clean help
+.PHONY: install latex report report-timings paper paper-smoke plan test test-all lint clean help
 
 help:
 	@echo "make report       build paper/report.pdf and report.html with the quick profile (2-core CPU: ~50 min, README)"
+	@echo "make report-timings  put the last make report's job times (commit, machine) in the README"
 	@echo "make paper        build it with config/paper.yaml (GPU)"
 	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU, see README)"
 	@echo "make plan         what config/paper.yaml costs (runs, tokens, FLOPs, memory, H100 hours) -> README"
@@ -48,6 +49,12 @@ latex:
 report: install latex
 	$(SNAKEMAKE)
 	snakemake --cores $(CORES) --report paper/report.html
+	python -m seqmix benchmarks results/benchmarks --out results/benchmarks.csv --markdown results/benchmarks.md
+
+# The README's measured times of the default study: its job times per rule, from the last
+# `make report` in this checkout, headed by the commit and machine its runs recorded.
+report-timings: install
+	python -m seqmix benchmarks results/benchmarks --block report --readme README.md
 
 paper: install latex
 	$(SNAKEMAKE) --configfile config/paper.yaml

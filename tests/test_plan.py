@@ -207,6 +207,24 @@ def test_benchmark_files_are_summed_per_rule(tmp_path):
     assert "| train | 2 | 150 | 100 | 270 | 1200 | wikitext2/softmax/seed0 |" in markdown(summarise(rows), 300)
 
 
+def test_the_job_time_table_names_the_commits_and_machines_its_runs_recorded(tmp_path):
+    """The README's measured times are generated: headed by what the runs' provenance says."""
+    import json
+
+    from seqmix.report.benchmarks import markdown, measured_on
+
+    assert measured_on(tmp_path).startswith("No run under")
+    runs = {"a": ({"commit": "0123456789ab", "dirty": False}, {"name": "AMD EPYC 7B13", "cpus": 2}),
+            "b": ({"commit": "fedcba987654", "dirty": True}, {"name": "AMD EPYC 7B13", "cpus": 2})}
+    for name, (git, device) in runs.items():
+        path = tmp_path / "runs" / "mqar" / name / "seed0" / "provenance.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"git": git, "device": device}))
+    line = measured_on(tmp_path)
+    assert line == "Measured at commit 0123456, fedcba9 + edits on AMD EPYC 7B13, 2 CPUs."
+    assert markdown([], 60.0, line).splitlines()[0] == line
+
+
 def test_every_rule_that_runs_a_command_declares_its_memory_runtime_and_benchmark():
     """The scheduler packs jobs by their declared mem_mb (a rule without one counts 0 and may
     start beside a job that needs most of the machine), and benchmarks.md sums every job's

@@ -279,14 +279,15 @@ def cmd_benchmarks(args) -> int:
 
     rows = benchmarks.read_benchmarks(args.dir)
     summary = benchmarks.summarise(rows)
-    table = benchmarks.markdown(summary, benchmarks.elapsed_s(rows))
+    source = benchmarks.measured_on(Path(args.dir).parent)
+    table = benchmarks.markdown(summary, benchmarks.elapsed_s(rows), source)
     print(table, end="")
     if args.out:
         write_rows(args.out, summary, benchmarks.RuleCost)
     if args.markdown:
         write_text(args.markdown, table)
     if args.readme:
-        begin, end = benchmarks.README_MARKERS
+        begin, end = benchmarks.README_MARKERS[args.block]
         write_text(args.readme, splice_between(Path(args.readme).read_text(), begin, end, table))
     return 0
 
@@ -403,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_summaries(sub) -> None:
     """The commands that plan, summarise or describe a study rather than run its jobs."""
+    from seqmix.report.benchmarks import README_MARKERS as README_BLOCKS  # torch-free
     sp = _add(sub, "plan", cmd_plan, "what the study costs (runs, tokens, FLOPs, memory, H100 hours) and what "
               "would fail at its shapes")
     sp.add_argument("--mfu", type=float, default=0.05, help="assumed model FLOP utilisation (default 0.05)")
@@ -418,7 +420,9 @@ def _add_summaries(sub) -> None:
     sp.add_argument("dir", help="<results_dir>/benchmarks")
     sp.add_argument("--out", help="also write the summary as CSV here")
     sp.add_argument("--markdown", help="also write the Markdown table here")
-    sp.add_argument("--readme", help="replace the table between the smoke markers of this README")
+    sp.add_argument("--readme", help="replace the table between this README's markers of --block")
+    sp.add_argument("--block", choices=sorted(README_BLOCKS), default="smoke",
+                    help="which README block: smoke (make paper-smoke) or report (make report)")
 
     sp = _add(sub, "mixers", cmd_mixers, "list every catalogued mixer with its parameter count at one width")
     sp.add_argument("--d-model", type=int, default=256)

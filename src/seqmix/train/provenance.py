@@ -4,6 +4,7 @@ the mixers' fast paths, seed, time)."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -49,7 +50,7 @@ def cpu_name() -> str:
 
 
 def device_record(device: torch.device) -> dict:
-    rec = {"type": device.type, "cpu": cpu_name(), "torch_threads": torch.get_num_threads()}
+    rec = {"type": device.type, "cpu": cpu_name(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     if device.type == "cuda":
         rec["gpu"] = torch.cuda.get_device_name(device)
         rec["cuda"] = torch.version.cuda
