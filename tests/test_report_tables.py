@@ -161,14 +161,29 @@ def test_recall_table_without_a_width_sweep_says_so():
 
 
 def test_recall_table_spans_every_width_of_every_group():
-    runs = pd.DataFrame({"group": ["a", "b"], "lr": [1e-3, 1e-3], "train_data": ["x", "y"]})
-    best = {"a": pd.DataFrame({"arch": ["softmax", "softmax"], "per_value": [8.0, 16.0], "test_mean": [0.5, 0.75]}),
-            "b": pd.DataFrame({"arch": ["softmax"], "per_value": [32.0], "test_mean": [1.0]})}
+    rule = '{"after": 800, "min_gain": 0.01, "window": 400}'
+    runs = pd.DataFrame({"group": ["a", "a", "b"], "task": ["a/d8", "a/d16", "b/d32"], "arch": ["softmax"] * 3,
+                         "seed": [0, 0, 0], "lr": [1e-3] * 3, "train_data": ["x", "x", "y"],
+                         "steps_completed": [1000, 700, 900], "ended": ["plateau", "solved", "budget"],
+                         "plateau_rule": [rule] * 3})
+    best = {"a": pd.DataFrame({"task": ["a/d8", "a/d16"], "arch": ["softmax", "softmax"], "per_value": [8.0, 16.0],
+                               "test_mean": [0.5, 0.75]}),
+            "b": pd.DataFrame({"task": ["b/d32"], "arch": ["softmax"], "per_value": [32.0], "test_mean": [1.0]})}
     tex = recall_tables.recall_table(runs, best)
     assert "$d=8$ & $d=16$ & $d=32$" in tex
-    assert "a & Softmax & 0.500 & 0.750 & nan" in tex and "b & Softmax & nan & nan & 1.000" in tex
+    cell = "{}\\,{{\\scriptsize {}}}".format
+    assert f"a & Softmax & {cell('0.500', '1000p')} & {cell('0.750', '700s')} & --" in tex
+    assert f"b & Softmax & -- & -- & {cell('1.000', '900b')}" in tex
+    assert "from step 800, the best validation accuracy of the last 400 steps beat the best before them by less than 0.01" in tex
     assert recall_tables.recall_macros(best) == {"a-softmax-d8": "0.500", "a-softmax-d16": "0.750", "b-softmax-d32": "1.000",
                                                  "numGroups": "2"}
+
+
+def test_a_recall_cell_names_every_seed_that_ended_differently():
+    runs = pd.DataFrame({"task": ["t"] * 3, "arch": ["gla"] * 3, "seed": [2, 0, 1],
+                         "steps_completed": [800, 800, 1400], "ended": ["plateau", "plateau", "solved"]})
+    assert recall_tables.ending(runs, "t", "gla") == "800p/1400s"
+    assert recall_tables.plateau_words(runs.assign(plateau_rule="{}")) == ""
 
 
 # --- sparsity, geometry, claims, throughput ----------------------------------------------------

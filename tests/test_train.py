@@ -247,3 +247,43 @@ def test_collect_writes_each_runs_own_evaluation(prepared_mqar, tmp_path):
     for split, part in table.groupby("split"):
         assert part.scored.sum() == ev["splits"][split]["scored"]
         assert part.correct.sum() == round(ev["splits"][split]["accuracy"] * ev["splits"][split]["scored"])
+
+
+def test_a_run_ends_solved_on_a_plateau_or_at_its_budget_and_says_which(request, tmp_path):
+    prepared = prepared_for(request, "mqar")
+    rule = {"after": 10, "window": 5, "min_gain": 1.0}  # no run gains 1.0 in accuracy: stops at step 10
+    cases = {"budget": ({}, 20), "solved": ({"early_stop": 0.0}, 5), "plateau": ({"plateau": rule}, 10)}
+    for why, (overrides, step) in cases.items():
+        spec = spec_for(prepared, "mqar", "softmax", tmp_path / why, steps=20, eval_every=5, **overrides)
+        metrics = train(spec, progress=False)
+        assert (metrics["ended"], metrics["steps_completed"]) == (why, step), why
+    assert metrics["plateau"] == rule and metrics["plateau_at_step"] == 10
+
+
+def test_the_plateau_rule_compares_the_window_with_the_best_before_it():
+    from types import SimpleNamespace
+
+    from seqmix.sections import PlateauRule
+    from seqmix.train.loop import reached_plateau
+
+    rule = PlateauRule(after=400, window=200, min_gain=0.01)
+
+    def run(step, values, higher=True):
+        log = [{"phase": "eval", "step": 100 * (i + 1), "metric_value": v} for i, v in enumerate(values)]
+        return SimpleNamespace(spec=SimpleNamespace(train=SimpleNamespace(plateau=rule)),
+                               state=SimpleNamespace(step=step, log=log), task=SimpleNamespace(higher_is_better=higher))
+
+    assert not reached_plateau(run(300, [0.1, 0.1, 0.1]))  # before `after`
+    assert reached_plateau(run(400, [0.1, 0.14, 0.145, 0.149]))  # best 0.149 vs 0.14 before step 200
+    assert not reached_plateau(run(400, [0.1, 0.14, 0.13, 0.2]))  # gained 0.06 in the window
+    assert not reached_plateau(run(400, [0.9, 0.5, 0.45, 0.3], higher=False))  # a loss falling: still improving
+    assert reached_plateau(run(400, [0.9, 0.5, 0.5, 0.495], higher=False))
+
+
+def test_a_plateau_window_that_holds_no_evaluation_is_refused(prepared_mqar):
+    from seqmix.config import ConfigError
+
+    cfg = copy.deepcopy(prepared_mqar)
+    cfg["tasks"]["mqar"]["train"].update(eval_every=100, plateau={"after": 500, "window": 50, "min_gain": 0.01})
+    with pytest.raises(ConfigError, match="plateau.window \\(50\\) is shorter than eval_every \\(100\\)"):
+        validate_config(cfg)

@@ -104,6 +104,14 @@ class ModelSpec(Section):
         return catalogue.mixer_entry(arch).block if choice == "native" else choice
 
 
+class PlateauRule(Section):
+    """Stop a run that has stopped improving: a run so stopped ends "plateau", not "budget"."""
+
+    after: int = Field(..., ge=1, description="the earliest step at which a run may be stopped")
+    window: int = Field(..., ge=1, description="the steps the recent periodic evaluations span")
+    min_gain: float = Field(..., ge=0, description="stop when the best periodic evaluation of the last `window` steps beats the best before them by less than this (in the task metric's units)")
+
+
 class TrainSpec(Section):
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(32, ge=1)
@@ -118,6 +126,7 @@ class TrainSpec(Section):
     log_every: int = Field(10, ge=1)
     checkpoint_every: int = Field(200, ge=1)
     early_stop: float | None = Field(None, description="stop once a periodic evaluation's metric reaches this value (≥ when higher is better, else ≤; Zoology stops MQAR at 0.99 accuracy); null = every step")
+    plateau: PlateauRule | None = Field(None, description="stop a run whose periodic evaluations stopped improving; null = never")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast; use fp32 on CPU")
     threads: int | None = Field(None, ge=1, description="torch CPU threads per job; null = torch's default")
@@ -129,6 +138,18 @@ class TrainSpec(Section):
         if not all(0 <= b <= 1 for b in v):
             raise ValueError("both betas must lie in [0, 1]")
         return v
+
+    @model_validator(mode="after")
+    def _plateau_sees_evaluations(self):
+        # the rule compares evaluations inside the window with evaluations before it
+        rule = self.plateau
+        if rule is not None and rule.window < self.eval_every:
+            raise ValueError(f"plateau.window ({rule.window}) is shorter than eval_every ({self.eval_every}): "
+                             "no evaluation would fall in it; lengthen the window")
+        if rule is not None and rule.after <= rule.window:
+            raise ValueError(f"plateau.after ({rule.after}) must exceed plateau.window ({rule.window}): "
+                             "the rule needs evaluations before the window")
+        return self
 
 
 class DataSpec(Section):

@@ -30,7 +30,9 @@ class RunRow(TypedDict):
     n_layers: int
     lr: float  # peak learning rate
     steps_planned: int
-    steps_completed: int
+    steps_completed: int  # the step it ended at
+    ended: str  # why: solved (train.early_stop) | plateau (train.plateau) | budget (all its steps) | diverged
+    plateau_rule: str  # JSON of train.plateau ({} when off)
     diverged_at_step: int | None
     seen: int  # training progress, in seen_unit
     seen_unit: str  # tokens | examples
@@ -85,7 +87,8 @@ def run_row(run_dir: Path) -> RunRow:
         "sweep": json.dumps(m["axes"], sort_keys=True), "arch": m["arch"], "seed": m["seed"],
         "status": m["status"], "metric": metric, "higher_is_better": m["higher_is_better"],
         "params": m["params"], "d_model": m["d_model"], "n_layers": m["n_layers"], "lr": cfg["train"]["lr"],
-        "steps_planned": m["steps_planned"], "steps_completed": m["steps_completed"],
+        "steps_planned": m["steps_planned"], "steps_completed": m["steps_completed"], "ended": m["ended"],
+        "plateau_rule": json.dumps(m["plateau"] or {}, sort_keys=True),
         "diverged_at_step": m["diverged_at_step"], "seen": m["seen"], "seen_unit": m["seen_unit"],
         "reach": m["reach"], "chance": m["chance"], "final_gain": final_gain(run_dir, m),
         "eval_split": m["eval_split"], "eval_value": ev.get(metric), "eval_loss": ev.get("loss"),

@@ -5,6 +5,7 @@ from ``runs.csv`` and ``breakdown.csv``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import numpy as np
@@ -53,6 +54,35 @@ def distance_curves(runs: pd.DataFrame, breakdown: pd.DataFrame, group: str) -> 
         yield arch, binned(rows, edges), (reach.iloc[0] if len(reach) else None)
 
 
+ENDED_MARK = {"solved": "s", "plateau": "p", "budget": "b", "diverged": "d"}
+
+
+def ending(runs: pd.DataFrame, task: str, arch: str) -> str:
+    """The step each seed of one run ended at and why, e.g. "700s" or "800p/1000p"."""
+    rows = runs[(runs.task == task) & (runs.arch == arch)].sort_values("seed")
+    ends = (f"{int(r.steps_completed)}{ENDED_MARK.get(r.ended, '?')}" for r in rows.itertuples())
+    return "/".join(dict.fromkeys(ends))
+
+
+def recall_cell(runs: pd.DataFrame, best_rows: pd.DataFrame, width: float) -> str:
+    """One mixer's test accuracy at one width, with the step its runs ended at and why."""
+    row = best_rows[best_rows.per_value == width]
+    if row.empty:
+        return "--"
+    r = row.iloc[0]
+    return f"{r.test_mean:.3f}\\,{{\\scriptsize {ending(runs, r.task, r.arch)}}}"
+
+
+def plateau_words(runs: pd.DataFrame) -> str:
+    """The plateau rule the runs were trained with, in words for a table note ("" when off)."""
+    rules = {r for r in runs.plateau_rule.dropna() if r not in ("", "{}")}
+    if len(rules) != 1:
+        return "p stopped on a plateau (rules differ between runs), " if rules else ""
+    rule = json.loads(rules.pop())
+    return (f"p stopped on a plateau (from step {rule['after']:,}, the best validation accuracy of the last "
+            f"{rule['window']:,} steps beat the best before them by less than {rule['min_gain']:g}), ")
+
+
 def recall_table(runs: pd.DataFrame, best: dict[str, pd.DataFrame]) -> str:
     """tab:recall: test accuracy per group, mixer and width (or a paragraph: no width sweep)."""
     groups = list(best)
@@ -63,12 +93,13 @@ def recall_table(runs: pd.DataFrame, best: dict[str, pd.DataFrame]) -> str:
     body = []
     for g, b in best.items():
         for arch in ordered(b.arch):
-            a = b[b.arch == arch].set_index("per_value")
             body.append([escape(task_label(g)), escape(arch_label(arch)),
-                         *[f"{a.test_mean.get(w, float('nan')):.3f}" for w in widths]])
+                         *[recall_cell(runs, b[b.arch == arch], w) for w in widths]])
     first = runs[runs.group == groups[0]]
     note = (f"Test accuracy at query positions, at the learning rate with the best validation accuracy for each width "
-            f"(of {first.lr.nunique()}); {escape(first.iloc[0].train_data)}.")
+            f"(of {first.lr.nunique()}); {escape(first.iloc[0].train_data)}. Beside each: the step its run ended at and "
+            f"why: s solved (validation accuracy reached the early stop), {plateau_words(first)}b ran all its steps, "
+            "d diverged.")
     return table(["Task", "Architecture", *[f"$d={w:g}$" for w in widths]], body,
                  caption="Multi-query associative recall against model width.", label="tab:recall",
                  align="ll" + "r" * len(widths), note=note, size="\\footnotesize")

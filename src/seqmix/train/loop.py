@@ -158,6 +158,7 @@ class Progress:
     status: str | None = None  # "ok" or "diverged" once the run has ended
     diverged_at: int | None = None
     stopped_at: int | None = None  # the step at which train.early_stop was reached
+    plateau_at: int | None = None  # the step at which train.plateau stopped the run
 
 
 @dataclasses.dataclass
@@ -295,6 +296,26 @@ def reached_early_stop(run: Run) -> bool:
     return ev[task.metric] >= target if task.higher_is_better else ev[task.metric] <= target
 
 
+def reached_plateau(run: Run) -> bool:
+    """Whether ``train.plateau`` stops the run now: from step ``after``, the best periodic
+    evaluation of the last ``window`` steps beats the best before them by less than ``min_gain``."""
+    rule, step, sign = run.spec.train.plateau, run.state.step, 1 if run.task.higher_is_better else -1
+    if rule is None or step < rule.after:
+        return False
+    evals = [(r["step"], sign * r["metric_value"]) for r in run.state.log if r["phase"] == "eval"]
+    recent = [v for s, v in evals if s > step - rule.window]
+    before = [v for s, v in evals if s <= step - rule.window]
+    return bool(recent and before) and max(recent) - max(before) < rule.min_gain
+
+
+def ended(state: Progress) -> str:
+    """Why a run ended: diverged, solved (reached train.early_stop), plateau (stopped by
+    train.plateau) or budget (ran all its steps)."""
+    if state.status == "diverged":
+        return "diverged"
+    return "solved" if state.stopped_at is not None else "plateau" if state.plateau_at is not None else "budget"
+
+
 def save_checkpoint(run: Run) -> None:
     run.state.elapsed = time.time() - run.started
     checkpoint.save_atomic({
@@ -342,6 +363,9 @@ def train_steps(run: Run, progress: bool) -> None:
             if reached_early_stop(run) and step < train_cfg.steps:
                 state.stopped_at = step
                 break
+            if reached_plateau(run) and step < train_cfg.steps:
+                state.plateau_at = step
+                break
         if step % train_cfg.checkpoint_every == 0 and step < train_cfg.steps:
             save_checkpoint(run)
     bar.close()
@@ -377,6 +401,8 @@ def metrics_of(run: Run) -> dict:
         "metric": task.metric, "higher_is_better": task.higher_is_better,
         "steps_planned": spec.train.steps, "steps_completed": state.step, "diverged_at_step": state.diverged_at,
         "early_stop": spec.train.early_stop, "stopped_early_at_step": state.stopped_at,
+        "plateau": spec.train.plateau and spec.train.plateau.model_dump(), "plateau_at_step": state.plateau_at,
+        "ended": ended(state),
         "seen": state.seen, "seen_unit": task.progress_unit, "scored_unit": task.scored_unit,
         "reach": stack_reach(run.model.blocks), "chance": task.chance,
         "train_split": task.train_split, "eval_split": task.eval_split, "test_split": task.test_split,
