@@ -21,7 +21,7 @@ SNAKEMAKE := snakemake --profile workflow/profiles/default --cores $(CORES) --re
 .PHONY: install latex report report-timings paper paper-smoke plan test test-all lint clean help
 
 help:
-	@echo "make report       build paper/report.pdf and report.html with the quick profile (2-core CPU: ~50 min, README)"
+	@echo "make report       build paper/report.pdf and report.html with the quick profile (2-core CPU, within an hour)"
 	@echo "make report-timings  put the last make report's job times (commit, machine) in the README"
 	@echo "make paper        build it with config/paper.yaml (GPU)"
 	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU, see README)"
