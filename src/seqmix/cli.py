@@ -259,8 +259,11 @@ def cmd_plan(args) -> int:
     for p in problems:
         print(f"problem: {p}", file=sys.stderr)
     progress = None if args.quiet else (lambda what: print(f"counting {what}", file=sys.stderr))
-    rows = plan.plan_rows(study, mfu=args.mfu, peak=args.peak_tflops * 1e12, progress=progress)
-    table = plan.markdown(rows, args.mfu, args.peak_tflops * 1e12)
+    source = str(plan.MEASURED_DIR) if args.measured is None else args.measured
+    measured, notes = plan.read_step_times(source), []
+    rows = plan.plan_rows(study, mfu=args.mfu, peak=args.peak_tflops * 1e12, progress=progress, measured=measured,
+                          notes=notes)
+    table = plan.markdown(rows, args.mfu, args.peak_tflops * 1e12, source if measured else None, notes)
     print(table, end="")
     if args.out:
         write_csv(args.out, [*rows, plan.totals(rows)], plan.FIELDS)
@@ -409,6 +412,10 @@ def _add_summaries(sub) -> None:
               "would fail at its shapes")
     sp.add_argument("--mfu", type=float, default=0.05, help="assumed model FLOP utilisation (default 0.05)")
     sp.add_argument("--peak-tflops", type=float, default=989.4, help="peak FLOP/s in TFLOP/s (default: H100 SXM dense BF16)")
+    sp.add_argument("--measured", default=None,
+                    help="a directory with gpu-check's train_probe.csv: measured step times for the points it has, "
+                         "extrapolated by FLOPs for the others (default: results/bench/nvidia-h100-80gb-hbm3, the "
+                         "H100's; '' for none)")
     sp.add_argument("--out", help="also write the table as CSV here")
     sp.add_argument("--markdown", help="also write the Markdown table here")
     sp.add_argument("--readme", help="replace the table between the plan markers of this README")
