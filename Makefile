@@ -18,7 +18,7 @@ MEM_MB ?= $(shell awk '/MemTotal/ {printf "%d", $$2 * 0.9 / 1024}' /proc/meminfo
 SNAKEMAKE_ARGS ?=
 SNAKEMAKE := snakemake --profile workflow/profiles/default --cores $(CORES) --resources mem_mb=$(MEM_MB) $(SNAKEMAKE_ARGS)
 
-.PHONY: install latex report report-timings paper paper-smoke plan test test-all lint clean help
+.PHONY: install latex report report-timings paper paper-smoke plan test test-all lint clean help gpu-check gpu-check-smoke gpu-wheels
 
 help:
 	@echo "make report       build paper/report.pdf and report.html with the quick profile (2-core CPU, within an hour)"
@@ -26,6 +26,8 @@ help:
 	@echo "make paper        build it with config/paper.yaml (GPU)"
 	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU, see README)"
 	@echo "make plan         what config/paper.yaml costs (runs, tokens, FLOPs, memory, H100 hours) -> README"
+	@echo "make gpu-check    on a GPU: kernels, kernel bench, step times, a training run -> results/bench/<gpu>/ (<= 8 min)"
+	@echo "make gpu-wheels   the wheels gpu-check installs on a GPU machine without a package registry (.gpu-wheels/)"
 	@echo "make test         run the test suite"
 	@echo "make lint         ruff check and snakemake --lint"
 
@@ -70,6 +72,17 @@ paper-smoke: install latex
 
 plan: install
 	python -m seqmix plan --config config/paper.yaml --no-local-checks --out results/paper/plan.csv --readme README.md
+
+# No `install` here: a GPU machine may have torch and Triton but no package registry; the
+# script installs .gpu-wheels/ (make gpu-wheels, where PyPI is reachable) when it must.
+gpu-check:
+	PYTHON=$(PYTHON) bash scripts/gpu-check.sh
+
+gpu-check-smoke: install
+	python -m seqmix bench gpu-check --cpu-smoke
+
+gpu-wheels:
+	PYTHON=$(PYTHON) bash scripts/gpu-wheels.sh
 
 test: install latex
 	python -m pytest

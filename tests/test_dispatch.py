@@ -147,6 +147,33 @@ def mamba_run(prepared_mqar: dict, root: Path, reference_mixers: bool):
     return run_spec(validate_config(cfg), "mqar", "mamba", 0)
 
 
+def test_a_compiled_call_takes_the_path_an_eager_call_resolved():
+    """Under torch.compile (dynamo alone here: backend "eager") a call takes the fast path an
+    eager call of the same name took, as an opaque call, and the reference where none did or
+    where the fast path failed; the compiler never traces the fallback machinery."""
+    calls, x = [], torch.arange(4.0)
+
+    def step(t):
+        return dispatch.call("op", (t,), twice, fused_cpu(calls)) + 1
+
+    compiled = torch.compile(step, backend="eager", fullgraph=False)
+    with dispatch.isolated():
+        torch._dynamo.reset()
+        assert torch.equal(compiled(x), 2 * x + 1) and calls == []  # nothing resolved yet: the reference
+        assert torch.equal(step(x), 2 * x + 1) and len(calls) == 1  # eager: the fast path, resolved
+        torch._dynamo.reset()
+        assert torch.equal(compiled(x), 2 * x + 1) and len(calls) == 2  # compiled: the resolved fast path
+    failing = fused_cpu(calls, RuntimeError("no"))
+    with dispatch.isolated(), warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        torch._dynamo.reset()
+        dispatch.call("op", (x,), twice, failing)  # fails and falls back: nothing resolved
+        n = len(calls)
+        assert torch.equal(torch.compile(lambda t: dispatch.call("op", (t,), twice, failing), backend="eager")(x),
+                           2 * x) and len(calls) == n
+    torch._dynamo.reset()
+
+
 def test_provenance_records_the_setting_and_the_paths_a_run_took(prepared_mqar, tmp_path, monkeypatch):
     from seqmix.kernels import selective_scan_cpu
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from seqmix import measure
 from seqmix.config import validate_config
@@ -130,6 +131,99 @@ def test_the_plan_adds_up_runs_tokens_and_flops(tmp_path):
     assert row["tokens"] == 2 * spec.train.steps * spec.train.batch_size * 16
     assert row["h100_hours"] == pytest.approx(flops / (1e12 * 0.5) / 3600)
     assert totals(rows)["runs"] == 4
+
+
+def test_the_plan_uses_measured_step_times_and_extrapolates_by_flops_elsewhere(tmp_path):
+    """A measured step time costs its point's runs (and the other learning rates of its sweep:
+    the same step); the unmeasured width of that architecture is extrapolated at the measured
+    point's MFU; a measurement of another model is not used (and said so); an architecture
+    with none takes the assumed MFU."""
+    from seqmix.plan import markdown, study_points
+    from seqmix.study import variants
+
+    study = _study(tmp_path, seeds=[0, 1], architectures=["softmax", "grassmann", "mamba"],
+                   **{"tasks.mqar.sweep": {"model.d_model": [16, 32], "train.lr": [1e-3, 3e-3]}})
+    small, large = [v.name for v in variants(study)][0], [v.name for v in variants(study)][-1]
+    steps = {(p.name, p.spec.arch): p for p in study_points(study)}
+    soft = steps[small, "softmax"]
+    measured = [{"task": small, "arch": "softmax", "status": "ok", "params": str(soft.step.params), "batch": "4",
+                 "precision": "fp32", "step_ms": "10.0"},
+                {"task": small, "arch": "grassmann", "status": "ok", "params": "1", "batch": "4", "precision": "fp32",
+                 "step_ms": "10.0"},
+                {"task": small, "arch": "mamba", "status": "failed: RuntimeError: x"}]
+    peak, notes = 1e12, []
+    rows = {r["arch"]: r for r in plan_rows(study, mfu=0.5, peak=peak, measured=measured, notes=notes)}
+    spec, step = soft.spec, soft.step
+    mfu = step.train_flops / 0.010 / peak  # what the measured step time gives
+    evals = spec.train.steps // spec.train.eval_every
+    measured_hours = (spec.train.steps * 0.010 + evals * spec.train.eval_batches * step.eval_flops / (peak * mfu)) / 3600
+    big = steps[large, "softmax"]
+    big_flops = big.spec.train.steps * big.step.train_flops + evals * big.spec.train.eval_batches * big.step.eval_flops
+    # 2 learning rates x 2 seeds measured, the same at the other width extrapolated at that MFU
+    assert rows["softmax"]["h100_hours"] == pytest.approx(4 * measured_hours + 4 * big_flops / (peak * mfu) / 3600)
+    ratio = big.step.train_flops / step.train_flops
+    assert rows["softmax"]["basis"] == f"4 measured; 4 from {small} ({mfu:.1%} MFU, {ratio:.2g}x its FLOPs)"
+    for arch in ("grassmann", "mamba"):
+        assert rows[arch]["basis"] == "8 assumed 50% MFU"
+        assert rows[arch]["h100_hours"] == pytest.approx(rows[arch]["assumed_mfu_hours"])
+        assert rows[arch]["assumed_mfu_hours"] == pytest.approx(rows[arch]["pflop"] * 1e15 / (peak * 0.5) / 3600)
+    (note,) = notes
+    assert note.startswith(f"measured but not the model planned, so not used: {small} grassmann: measured 1 parameters")
+    text = markdown(list(rows.values()), 0.5, peak, "results/bench/x", notes)
+    assert "step times measured on an H100 (results/bench/x/train_probe.csv" in text and note in text
+    hours = [sum(r[k] for r in rows.values()) for k in ("h100_hours", "assumed_mfu_hours")]
+    assert f"| mqar | {hours[0]:.1f} | {hours[1]:.1f} |" in text and hours[0] > 0
+
+
+def test_plan_costs_the_runs_from_the_step_times_in_its_measured_directory(tmp_path, capsys):
+    """`python -m seqmix plan --measured DIR` reads DIR/train_probe.csv: the measured run costs
+    its steps x the measured step time (not its FLOPs at the assumed MFU), and the table says so."""
+    import csv
+
+    from seqmix.cli import main
+    from seqmix.plan import STEP_TIMES
+
+    raw = tiny_config(tmp_path, None, archs=("softmax", "mamba"))
+    config = tmp_path / "plan.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    study = validate_config(raw)
+    spec = run_spec(study, "mqar", "softmax", 0)
+    step = measure_step(spec)
+    measured = tmp_path / "bench"
+    measured.mkdir()
+    row = {"task": "mqar", "arch": "softmax", "status": "ok", "params": step.params,
+           "batch": spec.train.batch_size, "precision": spec.train.precision, "step_ms": 250.0}
+    with open(measured / STEP_TIMES, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(row))
+        writer.writeheader()
+        writer.writerow(row)
+    out = tmp_path / "plan.csv"
+    assert main(["plan", "--config", str(config), "--no-local-checks", "--quiet", "--measured", str(measured),
+                 "--out", str(out), "--mfu", "0.5"]) == 0
+    rows = {r["arch"]: r for r in csv.DictReader(open(out))}
+    assert rows["softmax"]["basis"] == "measured" and rows["mamba"]["basis"] == "1 assumed 50% MFU"
+    evals = spec.train.steps // spec.train.eval_every
+    mfu = step.train_flops / 0.25 / 1e12 / 989.4
+    hours = (spec.train.steps * 0.25 + evals * spec.train.eval_batches * step.eval_flops / (989.4e12 * mfu)) / 3600
+    assert float(rows["softmax"]["h100_hours"]) == pytest.approx(hours, rel=1e-3)
+    assert f"{measured}/{STEP_TIMES}" in capsys.readouterr().out
+
+
+def test_the_committed_h100_step_times_are_the_paper_profiles_models():
+    """`make plan` costs the paper profile from results/bench/<H100>/train_probe.csv only where
+    a row's model is the one planned (parameters, batch, precision): every measured row must
+    still be, or the plan would silently fall back to the assumed MFU for it."""
+    from seqmix.config import load_config
+    from seqmix.plan import MEASURED_DIR, read_step_times
+    from seqmix.preflight import solved_size
+
+    rows = [r for r in read_step_times(REPO / MEASURED_DIR) if r["status"] == "ok"]
+    assert len(rows) >= 11, f"{REPO / MEASURED_DIR} holds the H100's measured step times"
+    study = load_config(str(REPO / "config" / "paper.yaml"))
+    for r in rows:
+        spec = run_spec(study, r["task"], r["arch"], 0)
+        planned = (solved_size(spec).params, spec.train.batch_size, spec.train.precision)
+        assert (int(r["params"]), int(r["batch"]), r["precision"]) == planned, (r["task"], r["arch"])
 
 
 def test_a_budget_that_cannot_be_met_is_refused_before_any_job(tmp_path):

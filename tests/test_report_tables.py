@@ -90,12 +90,15 @@ def test_kernel_table_from_a_benchmark_and_without_one(tmp_path):
     assert "No GPU benchmark was committed" in complexity_tables.kernels_table(None)
     rows = [dict(device="H100", op="gla", L=L, **{"pass": "fwd"}, impl=impl, time_ms=t, roofline_frac=0.5 if impl == "triton" else None,
                  status="ok") for L in (512, 1024) for impl, t in (("triton", 1.0), ("reference", 4.0))]
-    pd.DataFrame(rows).to_csv(tmp_path / "kernels-h100.csv", index=False)
+    rows.append(dict(device="H100", op="attention", L=1024, **{"pass": "fwd"}, impl="sdpa", time_ms=0.5, status="ok"))
+    (tmp_path / "h100").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "h100" / "kernels.csv", index=False)
     bench, n = complexity_tables.read_kernel_benchmarks(tmp_path)
     tex = complexity_tables.kernels_table(bench)
     body = [line for line in tex.splitlines() if line.startswith("H100")]
-    assert n == 1 and len(body) == 1  # L 512 is not a length the table shows
-    assert body[0].split(" & ")[2:] == ["1,024", "fwd", "1.000", "4.00$\\times$", "--", "--", "50\\% \\\\"]
+    assert n == 1 and len(body) == 1  # L 512 is not a length the table shows; SDPA alone is no row
+    assert body[0].split(" & ")[2:] == ["1,024", "fwd", "1.000", "4.00$\\times$", "0.50$\\times$", "--",
+                                        "50.0\\% \\\\"]
 
 
 # --- quality -----------------------------------------------------------------------------------

@@ -287,3 +287,32 @@ def test_a_plateau_window_that_holds_no_evaluation_is_refused(prepared_mqar):
     cfg["tasks"]["mqar"]["train"].update(eval_every=100, plateau={"after": 500, "window": 50, "min_gain": 0.01})
     with pytest.raises(ConfigError, match="plateau.window \\(50\\) is shorter than eval_every \\(100\\)"):
         validate_config(cfg)
+
+
+def test_the_compiled_step_gives_the_losses_of_eager_steps(prepared_mqar, tmp_path):
+    """``train.compile`` (torch.compile of the loss computation, fused AdamW) against the eager
+    step over 20 steps of one run, every step's loss logged. Mamba: its fused CPU scan is a
+    dispatch fast path, so the compiled steps take it as an opaque call (dispatch docstring).
+    Tolerance rtol 1e-5: the two steps compute the same sums in other orders (inductor's fused
+    kernels, the fused AdamW update), a few fp32 ulps (1.2e-7) apart per step, and 20 steps at
+    lr 3e-3 do not amplify that a hundredfold; a real difference (a skipped or doubled update,
+    another learning rate, a wrong gradient) moves the loss by more than the 1e-3 by which it
+    falls per step here."""
+    losses, records = {}, {}
+    prepared = {**copy.deepcopy(prepared_mqar), "architectures": ["mamba"]}
+    for compiled in (False, True):
+        spec = spec_for(prepared, "mqar", "mamba", tmp_path / f"compiled{int(compiled)}", steps=20, log_every=1,
+                        eval_every=20, checkpoint_every=20, compile=compiled)
+        train(spec, progress=False)
+        rows = list(csv.DictReader(open(Path(spec.run_dir) / "log.csv")))
+        losses[compiled] = np.array([float(r["loss"]) for r in rows if r["phase"] == "train"])
+        records[compiled] = json.loads((Path(spec.run_dir) / "provenance.json").read_text())
+    eager, compiled = losses[False], losses[True]
+    assert len(eager) == len(compiled) == 20
+    assert eager[0] - eager[-1] > 1e-3 * 19  # the losses move: a wrong step would show
+    np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=0)
+    step = records[True]["training_step"]
+    assert records[False]["training_step"] == {"compiled": False}
+    assert step["compiled"] and step["fused_adamw"] and step["graphs"] >= 1 and step["first_compiled_step_s"] > 0
+    assert records[True]["implementation"]["paths"] == records[False]["implementation"]["paths"] == {
+        "mamba": "fused_cpu"}

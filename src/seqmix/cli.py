@@ -40,12 +40,13 @@ def read_environment(args) -> None:
 
     keep_freed_memory_unless_asked()  # every step's large tensors reuse memory instead of page-faulting
     dispatch.configure("reference" if os.environ.get(REFERENCE_ENV) == "1" else "auto")
-    if args.command == "bench" and args.what == "kernels":
+    if args.command == "bench" and args.what in ("kernels", "gpu-check"):
         import torch
 
         # Triton chooses interpreter or compiler when it decorates a kernel, i.e. when a kernel
-        # module is imported: decided here, before any is.
-        if not torch.cuda.is_available():
+        # module is imported: decided here, before any is (the workers these commands start
+        # inherit it).
+        if not torch.cuda.is_available() or args.cpu_smoke:
             os.environ[INTERPRET_ENV] = "1"
 
 
@@ -218,13 +219,18 @@ def cmd_geometry(args) -> int:
 def cmd_bench(args) -> int:
     if args.what == "throughput":
         return cmd_throughput(args)
+    if args.what == "gpu-check":
+        from seqmix.bench import gpucheck
+
+        return gpucheck.run(smoke=args.cpu_smoke, out=Path(args.out) if args.out else None)
     from seqmix.bench import kernels
 
     unknown = sorted(set(args.op or ()) - set(kernels.OPS))
     if unknown:
         raise ConfigError(f"unknown --op {', '.join(unknown)}; choose from {', '.join(kernels.OPS)}")
     # without a GPU: interpreter smoke, exit 0
-    return kernels.run(args.lengths, Path(args.out) if args.out else None, args.batch, args.dtype, args.op)
+    return kernels.run(args.lengths, Path(args.out) if args.out else None, args.batch, args.dtype, args.op,
+                       args.case_timeout, args.budget, args.interpret)
 
 
 def cmd_throughput(args) -> int:
@@ -259,8 +265,11 @@ def cmd_plan(args) -> int:
     for p in problems:
         print(f"problem: {p}", file=sys.stderr)
     progress = None if args.quiet else (lambda what: print(f"counting {what}", file=sys.stderr))
-    rows = plan.plan_rows(study, mfu=args.mfu, peak=args.peak_tflops * 1e12, progress=progress)
-    table = plan.markdown(rows, args.mfu, args.peak_tflops * 1e12)
+    source = str(plan.MEASURED_DIR) if args.measured is None else args.measured
+    measured, notes = plan.read_step_times(source), []
+    rows = plan.plan_rows(study, mfu=args.mfu, peak=args.peak_tflops * 1e12, progress=progress, measured=measured,
+                          notes=notes)
+    table = plan.markdown(rows, args.mfu, args.peak_tflops * 1e12, source if measured else None, notes)
     print(table, end="")
     if args.out:
         write_csv(args.out, [*rows, plan.totals(rows)], plan.FIELDS)
@@ -336,7 +345,7 @@ def _add_analyses(sub) -> None:
     sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--arch", action="append", help="measure only this architecture (repeatable)")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
-                    help="override analysis.complexity.device (e.g. cuda with --out results/bench/complexity-<gpu>.csv)")
+                    help="override analysis.complexity.device (e.g. cuda with --out results/bench/<gpu>/complexity.csv)")
     sp.add_argument("--threads", type=int, default=None)
     sp.add_argument("--quiet", action="store_true")
 
@@ -357,16 +366,25 @@ def _add_analyses(sub) -> None:
 
     sp = _add(sub, "bench", cmd_bench,
               "kernels: Triton kernels vs references, SDPA and fla (GPU; CPU: smoke only); "
-              "throughput: training tokens/s of every causal mixer's LM beside softmax (analysis.throughput)")
-    sp.add_argument("what", choices=["kernels", "throughput"])
+              "throughput: training tokens/s of every causal mixer's LM beside softmax (analysis.throughput); "
+              "gpu-check: everything a GPU can tell in 8 minutes, into results/bench/<gpu>/ (make gpu-check)")
+    sp.add_argument("what", choices=["kernels", "throughput", "gpu-check"])
     sp.add_argument("--spec", help="throughput only: the job spec as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--lengths", type=int, nargs="+", default=None,
                     help="L values (kernels: default 256..65536; throughput: analysis.throughput.lengths)")
-    sp.add_argument("--out", default=None, help="CSV path (kernels: results/bench/kernels-<gpu>.csv; "
+    sp.add_argument("--out", default=None, help="CSV path (kernels: results/bench/<gpu>/kernels.csv; gpu-check: its directory, results/bench/<gpu>; "
                                                 "throughput: results/analysis/throughput.csv)")
     sp.add_argument("--batch", type=int, default=4, help="kernels only")
     sp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="kernels only")
     sp.add_argument("--op", action="append", help="kernels only: benchmark only this op (repeatable)")
+    sp.add_argument("--case-timeout", type=float, default=60.0,
+                    help="kernels only: seconds one case (op, impl, L) may take; past it the case is a timeout row")
+    sp.add_argument("--budget", type=float, default=3600.0, help="kernels only: seconds the whole sweep may take")
+    sp.add_argument("--interpret", action="store_true",
+                    help="kernels only, without a GPU: run the sweep under the Triton interpreter (times mean nothing)")
+    sp.add_argument("--cpu-smoke", action="store_true",
+                    help="gpu-check only: every part at tiny sizes on the CPU (config/gpu-check-smoke.yaml), to "
+                         "results/gpu-check-smoke/bench unless --out")
     sp.add_argument("--arch", action="append", help="throughput only: time only this architecture (repeatable; softmax is added)")
     sp.add_argument("--threads", type=int, default=None, help="throughput only: override analysis.throughput.threads")
     sp.add_argument("--quiet", action="store_true")
@@ -409,6 +427,10 @@ def _add_summaries(sub) -> None:
               "would fail at its shapes")
     sp.add_argument("--mfu", type=float, default=0.05, help="assumed model FLOP utilisation (default 0.05)")
     sp.add_argument("--peak-tflops", type=float, default=989.4, help="peak FLOP/s in TFLOP/s (default: H100 SXM dense BF16)")
+    sp.add_argument("--measured", default=None,
+                    help="a directory with gpu-check's train_probe.csv: measured step times for the points it has, "
+                         "extrapolated by FLOPs for the others (default: results/bench/nvidia-h100-80gb-hbm3, the "
+                         "H100's; '' for none)")
     sp.add_argument("--out", help="also write the table as CSV here")
     sp.add_argument("--markdown", help="also write the Markdown table here")
     sp.add_argument("--readme", help="replace the table between the plan markers of this README")

@@ -24,15 +24,33 @@ architecture:
     train_gib     the most memory one training step holds: the peak of its forward and
                   backward passes (activations, the backward's temporaries, gradients) plus
                   fp32 weights and AdamW's two moments (12 bytes per parameter), GiB
-    h100_hours    pflop / (peak × MFU): the peak is the H100 SXM's dense BF16 tensor-core
-                  rate, 989.4 TFLOP/s (NVIDIA H100 datasheet); the MFU is an assumption
-                  (``--mfu``, default 5 %: models of 1-13M parameters keep an H100 far from
-                  its peak). It has not been measured: no GPU was available to this project.
+    h100_hours    hours on one H100 SXM, from measured step times where there are some
+                  (below), else pflop / (peak × MFU), the peak being its dense BF16
+                  tensor-core rate, 989.4 TFLOP/s (NVIDIA H100 datasheet)
+    basis         what h100_hours rests on, per run: "measured", the MFU of the nearest
+                  measured point ("from <point>"), or the assumed MFU
+    assumed_mfu_hours  pflop / (peak × the assumed MFU) (``--mfu``, default 5 %): the plan
+                  without measurements, for comparison
+
+Measured step times (``--measured``, default ``results/bench/nvidia-h100-80gb-hbm3``): the
+``train_probe.csv`` that ``make gpu-check`` writes there, the step time of each (task point,
+architecture) of the paper profile on that GPU (``seqmix.bench.train_probe``). A measurement
+applies to every point whose step costs the same (``preflight.cost_key``: its sweep's learning
+rates) where the model is the one measured (same parameters, batch and precision); a run then
+costs its steps × the measured step time, and its periodic evaluations their FLOPs at the MFU
+that step time gives (the counted FLOPs of the step over its time and the peak). A run with no
+measurement is extrapolated by its counted FLOPs at the MFU of the nearest measured point of
+its architecture (nearest in FLOPs per step), or, where its architecture has none, at the
+assumed MFU. Small models' steps are launch-bound (measured MFU 0.2-7 % on an H100), so a
+point with far fewer FLOPs than its source is underestimated: the basis gives the ratio.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,7 +67,12 @@ from seqmix.tasks import task_class
 H100_BF16_PEAK = 989.4e12  # FLOP/s, H100 SXM5, dense BF16 (NVIDIA H100 Tensor Core GPU datasheet)
 DEFAULT_MFU = 0.05
 
-FIELDS = ["task", "arch", "block", "runs", "params", "tokens", "pflop", "act_gib", "train_gib", "h100_hours"]
+FIELDS = ["task", "arch", "block", "runs", "params", "tokens", "pflop", "act_gib", "train_gib", "h100_hours",
+          "basis", "assumed_mfu_hours"]
+# The H100 whose peak is H100_BF16_PEAK: where `make gpu-check` writes its step times
+# (kernels.device_slug of "NVIDIA H100 80GB HBM3"), and where the plan reads them.
+MEASURED_DIR = Path("results/bench") / "nvidia-h100-80gb-hbm3"
+STEP_TIMES = "train_probe.csv"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +113,35 @@ def run_cost(spec: RunSpec, step: StepCost) -> tuple[float, int]:
     return t.steps * step.train_flops + evals * t.eval_batches * step.eval_flops, t.steps * step.tokens
 
 
-def plan_rows(study: Study, mfu: float = DEFAULT_MFU, peak: float = H100_BF16_PEAK,
-              progress=None) -> list[dict[str, Any]]:
-    """One row per (task as written in the config, architecture): its sweep points and
-    seeds added up (module docstring)."""
+def read_step_times(directory: str | Path | None) -> list[dict]:
+    """The rows of ``<directory>/train_probe.csv`` (``make gpu-check``'s step times); [] without it."""
+    path = Path(directory) / STEP_TIMES if directory else None
+    if path is None or not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@dataclasses.dataclass
+class Point:
+    """One (sweep point, architecture) of a study: its run spec, counted step, seeds, and the
+    seconds of one step measured on the GPU (None: not measured)."""
+
+    group: str
+    name: str
+    spec: RunSpec
+    step: StepCost
+    seeds: int
+    measured_s: float | None = None
+
+    def mfu(self, peak: float) -> float:
+        return self.step.train_flops / self.measured_s / peak
+
+
+def study_points(study: Study, progress=None) -> list[Point]:
+    """Every (sweep point, architecture) of ``study``, its step counted once per cost key."""
     cache: dict[str, StepCost] = {}
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    points = []
     for v in variants(study):
         for arch in task_architectures(study, v):
             spec = run_spec(study, v.name, arch, 0)
@@ -104,20 +150,73 @@ def plan_rows(study: Study, mfu: float = DEFAULT_MFU, peak: float = H100_BF16_PE
                 if progress:
                     progress(f"{v.name} {arch}")
                 cache[key] = measure_step(spec)
-            step, n_seeds = cache[key], len(v.section.seeds or study.seeds)
-            flops, tokens = run_cost(spec, step)
-            row = rows.setdefault((v.group, arch), {"task": v.group, "arch": arch, "block": spec.model.block,
-                                                    "runs": 0, "params": 0, "tokens": 0, "pflop": 0.0,
-                                                    "act_gib": 0.0, "train_gib": 0.0})
-            row["runs"] += n_seeds
-            row["params"] = max(row["params"], step.params)
-            row["tokens"] += n_seeds * tokens
-            row["pflop"] += n_seeds * flops / 1e15
-            row["act_gib"] = max(row["act_gib"], step.activation_bytes / GIB)
-            row["train_gib"] = max(row["train_gib"],
-                                   (step.peak_bytes + STATE_BYTES_PER_PARAM * step.params) / GIB)
+            points.append(Point(v.group, v.name, spec, cache[key], len(v.section.seeds or study.seeds)))
+    return points
+
+
+def apply_measurements(points: list[Point], measured: list[dict]) -> list[str]:
+    """Set ``measured_s`` of every point whose step was measured (module docstring); returns
+    a line for each measured row that does not apply (its model is not the one planned)."""
+    by_name = {(p.name, p.spec.arch): p for p in points}
+    seconds, unused = {}, []
+    for r in measured:
+        p = by_name.get((r["task"], r["arch"]))
+        if r.get("status") != "ok" or p is None:
+            continue
+        planned = (p.step.params, p.spec.train.batch_size, p.spec.train.precision)
+        if (int(r["params"]), int(r["batch"]), r["precision"]) != planned:
+            unused.append(f"{r['task']} {r['arch']}: measured {r['params']} parameters, batch {r['batch']}, "
+                          f"{r['precision']}; planned {planned[0]}, {planned[1]}, {planned[2]}")
+            continue
+        seconds[cost_key(p.spec)] = float(r["step_ms"]) / 1e3
+    for p in points:
+        p.measured_s = seconds.get(cost_key(p.spec))
+    return unused
+
+
+def _basis(p: Point, measured: list[Point], mfu: float, peak: float) -> tuple[float, str]:
+    """(MFU, basis) of a point: its own measurement's, the nearest measured point's of its
+    architecture (in log FLOPs per step), or the assumed one."""
+    if p.measured_s is not None:
+        return p.mfu(peak), "measured"
+    same = [m for m in measured if m.spec.arch == p.spec.arch]
+    if not same:
+        return mfu, f"assumed {mfu:.0%} MFU"
+    near = min(same, key=lambda m: abs(math.log(p.step.train_flops / m.step.train_flops)))
+    return near.mfu(peak), (f"from {near.name} ({near.mfu(peak):.1%} MFU, "
+                            f"{p.step.train_flops / near.step.train_flops:.2g}x its FLOPs)")
+
+
+def plan_rows(study: Study, mfu: float = DEFAULT_MFU, peak: float = H100_BF16_PEAK, progress=None,
+              measured: list[dict] | None = None, notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per (task as written in the config, architecture): its sweep points and
+    seeds added up (module docstring). ``measured``: ``read_step_times``' rows; ``notes`` gets
+    a line for each measured row that does not apply."""
+    points = study_points(study, progress)
+    unused = apply_measurements(points, measured or [])
+    if notes is not None:
+        notes += [f"measured but not the model planned, so not used: {u}" for u in unused]
+    known = [p for p in points if p.measured_s is not None]
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for p in points:
+        flops, tokens = run_cost(p.spec, p.step)
+        point_mfu, basis = _basis(p, known, mfu, peak)
+        row = rows.setdefault((p.group, p.spec.arch), {
+            "task": p.group, "arch": p.spec.arch, "block": p.spec.model.block, "runs": 0, "params": 0, "tokens": 0,
+            "pflop": 0.0, "act_gib": 0.0, "train_gib": 0.0, "h100_hours": 0.0, "assumed_mfu_hours": 0.0, "_basis": {}})
+        row["runs"] += p.seeds
+        row["params"] = max(row["params"], p.step.params)
+        row["tokens"] += p.seeds * tokens
+        row["pflop"] += p.seeds * flops / 1e15
+        row["act_gib"] = max(row["act_gib"], p.step.activation_bytes / GIB)
+        row["train_gib"] = max(row["train_gib"], (p.step.peak_bytes + STATE_BYTES_PER_PARAM * p.step.params) / GIB)
+        row["h100_hours"] += p.seeds * flops / (peak * point_mfu) / 3600
+        row["assumed_mfu_hours"] += p.seeds * flops / (peak * mfu) / 3600
+        row["_basis"][basis] = row["_basis"].get(basis, 0) + p.seeds
     for row in rows.values():
-        row["h100_hours"] = row["pflop"] * 1e15 / (peak * mfu) / 3600
+        parts = row.pop("_basis")
+        row["basis"] = "measured" if list(parts) == ["measured"] else "; ".join(
+            f"{n} {basis}" for basis, n in parts.items())
     return list(rows.values())
 
 
@@ -126,7 +225,8 @@ def totals(rows: list[dict]) -> dict[str, Any]:
             "tokens": sum(r["tokens"] for r in rows), "pflop": sum(r["pflop"] for r in rows),
             "act_gib": max((r["act_gib"] for r in rows), default=0.0),
             "train_gib": max((r["train_gib"] for r in rows), default=0.0),
-            "h100_hours": sum(r["h100_hours"] for r in rows)}
+            "h100_hours": sum(r["h100_hours"] for r in rows), "basis": "",
+            "assumed_mfu_hours": sum(r["assumed_mfu_hours"] for r in rows)}
 
 
 def _cell(key: str, value) -> str:
@@ -137,23 +237,40 @@ def _cell(key: str, value) -> str:
     if key == "tokens":
         return f"{value / 1e9:.2f}B"
     if isinstance(value, float):
-        return f"{value:.3g}" if key != "h100_hours" else f"{value:.1f}"
+        return f"{value:.3g}" if not key.endswith("hours") else f"{value:.1f}"
     return str(value)
 
 
-def markdown(rows: list[dict], mfu: float, peak: float) -> str:
-    """The plan as a Markdown table with its total and the assumptions it rests on."""
+def _per_task(rows: list[dict]) -> list[str]:
+    """H100 hours per task: as planned (measured where measured) and at the assumed MFU."""
+    tasks: dict[str, list[float]] = {}
+    for r in rows:
+        hours = tasks.setdefault(r["task"], [0.0, 0.0])
+        hours[0] += r["h100_hours"]
+        hours[1] += r["assumed_mfu_hours"]
+    return ["| task | H100 h | at the assumed MFU |", "|---|---|---|"] + [
+        f"| {task} | {h:.1f} | {a:.1f} |" for task, (h, a) in tasks.items()]
+
+
+def markdown(rows: list[dict], mfu: float, peak: float, measured_from: str | None = None,
+             notes: list[str] | None = None) -> str:
+    """The plan as a Markdown table with its total, the hours per task, and what they rest on."""
     heads = ["task", "architecture", "block", "runs", "params", "tokens", "PFLOP", "act. GiB", "train GiB",
-             "H100 h"]
+             "H100 h", "H100 h from"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in [*rows, totals(rows)]:
         label = catalogue.label(r["arch"]) if r["arch"] else ""
-        cells = [r["task"], label] + [_cell(k, r[k]) for k in FIELDS[2:]]
+        cells = [r["task"], label] + [_cell(k, r[k]) for k in FIELDS[2:-1]]
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append(f"H100 hours at an assumed {mfu:.0%} of {peak / 1e12:.1f} TFLOP/s (dense BF16); FLOPs counted "
-                 "by FlopCounterMode on each run's model (matmul-class ops, SDPA, FFTs, Mamba's fused scan); tokens and FLOPs are upper bounds "
-                 "where early stopping ends runs sooner; the final evaluation on whole splits is not counted.")
+    total, assumed = totals(rows)["h100_hours"], totals(rows)["assumed_mfu_hours"]
+    source = (f"step times measured on an H100 ({measured_from}/{STEP_TIMES}, written by `make gpu-check`) where "
+              "the last column says measured, else the MFU it names" if measured_from else "no measured step times")
+    lines += ["", f"H100 hours from {source}; an assumed MFU is {mfu:.0%} of {peak / 1e12:.1f} TFLOP/s (dense BF16). "
+              f"At the assumed {mfu:.0%} everywhere the study would cost {assumed:.1f} H100 h; from measurements it "
+              f"costs {total:.1f}. FLOPs counted by FlopCounterMode on each run's model (matmul-class ops, SDPA, FFTs, "
+              "Mamba's fused scan); tokens and FLOPs are upper bounds where early stopping ends runs sooner; the "
+              "final evaluation on whole splits is not counted.", "", *_per_task(rows)]
+    lines += [f"\n{n}" for n in notes or []]
     return "\n".join(lines) + "\n"
 
 

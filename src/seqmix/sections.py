@@ -131,6 +131,7 @@ class TrainSpec(Section):
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 autocast; use fp32 on CPU")
     threads: int | None = Field(None, ge=1, description="torch CPU threads per job; null = torch's default")
     reference_mixers: bool = Field(False, description="force the plain PyTorch mixers even where a Triton kernel exists")
+    compile: bool = Field(False, description="a training step that is not launch-bound: torch.compile of the whole loss computation (CUDA graphs on a GPU) and fused AdamW; the first step runs eagerly. Losses equal eager ones up to float rounding (seqmix/train/step.py)")
 
     @field_validator("betas")
     @classmethod

@@ -1,6 +1,6 @@
 """Triton kernels vs their PyTorch references, SDPA attention and fla, over sequence length.
 
-``python -m seqmix bench kernels [--lengths 256 1024 ...] [--out results/bench/kernels-<gpu>.csv]``
+``python -m seqmix bench kernels [--lengths 256 1024 ...] [--out results/bench/<gpu>/kernels.csv]``
 
 What is timed (the mixing cores only, no projections, batch ``--batch``, ``--dtype``):
 
@@ -28,25 +28,34 @@ fwd q, k, v + o, bwd adds q, k, v, o, do + dq, dk, dv (sdpa is compute-bound; it
 bandwidth column is only for completeness). ``bandwidth_GBps`` = bytes_moved / time and
 ``roofline_frac`` = that over the GPU's HBM bandwidth (table below; empty if unknown).
 
-A case that fails (a kernel that does not compile or launch) is a row with status
-``failed: <error>``, printed verbatim, and the sweep goes on.
+Every case (op, impl, L) runs in a worker process under a time limit (``--case-timeout``,
+``seqmix.bench.watchdog``): a case that fails (a kernel that does not compile or launch) is a
+row with status ``failed: <error>``, its traceback printed verbatim; one that hangs or kills
+its process is a row ``timeout: …`` or ``crashed: …``; and the sweep goes on. fla's import is
+timed and, where it fails, its error printed verbatim and written in the fla rows' status.
+The CSV is written after every length, so a sweep cut short keeps what it measured.
 
 Without a GPU the command takes no timings: it runs each kernel once under the Triton
 interpreter at a tiny size against its reference, says so, and exits 0 (1 if a kernel
 disagrees). The CLI sets TRITON_INTERPRET=1 for it before any kernel module is imported.
+``--interpret`` runs the sweep itself there instead, at the sizes given, with wall-clock
+times of the interpreter (no benchmark: how ``gpu-check --cpu-smoke`` proves the sweep).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import inspect
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from seqmix.bench.watchdog import Case, run_cases
 from seqmix.io import write_csv
 
 FIELDS = ["op", "impl", "pass", "L", "batch", "d_model", "dtype", "time_ms", "peak_mem_bytes",
@@ -72,10 +81,22 @@ HBM_BYTES_PER_S = [
     ("V100", 0.9e12),
 ]
 
-D_MODEL, N_HEADS = 256, 4
-GRASSMANN_RANK, GRASSMANN_OFFSETS = 32, (1, 2, 4, 8, 12, 16)
-GLA_DK, GLA_DV, GLA_CHUNK = 32, 64, 64  # per head: GLA defaults at d=256 (expand_k 0.5)
-TSSA_P = D_MODEL // N_HEADS
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The ops' sizes besides batch and L: the paper's (above), or the CPU smoke's (tiny: the
+    interpreter runs the kernels through numpy)."""
+
+    d_model: int = 256
+    n_heads: int = 4
+    rank: int = 32  # Grassmann
+    offsets: tuple[int, ...] = (1, 2, 4, 8, 12, 16)
+    gla_dk: int = 32  # per head: GLA defaults at d=256 (expand_k 0.5)
+    gla_dv: int = 64
+    gla_chunk: int = 64
+
+
+PAPER_SIZES = Sizes()
+SMOKE_SIZES = Sizes(d_model=16, n_heads=2, rank=4, offsets=(1, 2), gla_dk=4, gla_dv=8, gla_chunk=16)
 
 
 def device_slug(name: str) -> str:
@@ -110,10 +131,10 @@ def _nbytes(*shapes_and_dtype) -> int:
     return sum(size * int(torch.Size(s).numel()) for s in shapes)
 
 
-def grassmann_case(impl: str, B: int, L: int, dtype, device):
+def grassmann_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
     from seqmix.mixers.grassmann import grassmann_mix_reference
 
-    r, d = GRASSMANN_RANK, D_MODEL
+    r, d, offsets = sizes.rank, sizes.d_model, sizes.offsets
     C = r * (r - 1) // 2
     z = torch.randn(B, L, r, device=device, dtype=dtype, requires_grad=True)
     W = (torch.randn(d, C, device=device, dtype=dtype) / r).requires_grad_()
@@ -124,15 +145,27 @@ def grassmann_case(impl: str, B: int, L: int, dtype, device):
         fn = grassmann_mix_reference
     fwd = _nbytes((B, L, r), (d, C), (d,), (B, L, d), dtype)
     bwd = _nbytes((B, L, d), (B, L, r), (d, C), (B, L, r), (d, C), (d,), dtype)
-    return [z, W, b], lambda z, W, b: fn(z, W, b, GRASSMANN_OFFSETS, True, 1e-6), (fwd, bwd)
+    return [z, W, b], lambda z, W, b: fn(z, W, b, offsets, True, 1e-6), (fwd, bwd)
+
+
+class FlaUnavailable(RuntimeError):
+    """flash-linear-attention is not installed, or its import failed (the message says how)."""
 
 
 def _fla_chunk_gla():
-    """fla's chunk_gla as f(q, k, v, log_alpha) on (B, H, L, ·) tensors, or None."""
+    """fla's chunk_gla as f(q, k, v, log_alpha) on (B, H, L, ·) tensors; FlaUnavailable with
+    the import's own error (printed verbatim) where it cannot be imported."""
+    import traceback
+
+    t0 = time.perf_counter()
     try:
         from fla.ops.gla import chunk_gla as fla_chunk_gla
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
-        return None
+    except ModuleNotFoundError as err:
+        raise FlaUnavailable(f"not installed ({err})") from None
+    except Exception as err:  # noqa: BLE001 - any import failure: said verbatim
+        traceback.print_exception(err)
+        raise FlaUnavailable(f"import fla.ops.gla failed: {type(err).__name__}: {err}") from None
+    print(f"  from fla.ops.gla import chunk_gla: {time.perf_counter() - t0:.1f} s", flush=True)
     params = inspect.signature(fla_chunk_gla).parameters
 
     def run(q, k, v, g):
@@ -147,10 +180,10 @@ def _fla_chunk_gla():
     return run
 
 
-def gla_case(impl: str, B: int, L: int, dtype, device):
+def gla_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
     from seqmix.mixers.gla import gla_chunk_reference
 
-    H, K, V = N_HEADS, GLA_DK, GLA_DV
+    H, K, V, chunk = sizes.n_heads, sizes.gla_dk, sizes.gla_dv, sizes.gla_chunk
     q = (torch.randn(B, H, L, K, device=device, dtype=dtype) * K**-0.5).requires_grad_()
     k = torch.randn(B, H, L, K, device=device, dtype=dtype, requires_grad=True)
     v = torch.randn(B, H, L, V, device=device, dtype=dtype, requires_grad=True)
@@ -159,23 +192,21 @@ def gla_case(impl: str, B: int, L: int, dtype, device):
     if impl == "triton":
         from seqmix.kernels.gla import chunk_gla
 
-        fn = lambda q, k, v, la: chunk_gla(q, k, v, la, GLA_CHUNK)  # noqa: E731
+        fn = lambda q, k, v, la: chunk_gla(q, k, v, la, chunk)  # noqa: E731
     elif impl == "fla":
         fn = _fla_chunk_gla()
-        if fn is None:
-            return None
     else:
-        fn = lambda q, k, v, la: gla_chunk_reference(q, k, v, la, GLA_CHUNK)  # noqa: E731
+        fn = lambda q, k, v, la: gla_chunk_reference(q, k, v, la, chunk)  # noqa: E731
     fwd = _nbytes((B, H, L, K), (B, H, L, K), (B, H, L, K), (B, H, L, V), (B, H, L, V), dtype)
     bwd = 2 * _nbytes((B, H, L, K), (B, H, L, K), (B, H, L, K), (B, H, L, V), dtype) + _nbytes(
         (B, H, L, V), dtype)
     return [q, k, v, la], fn, (fwd, bwd)
 
 
-def tssa_case(impl: str, B: int, L: int, dtype, device):
+def tssa_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
     from seqmix.mixers.tssa import tssa_reference
 
-    H, P = N_HEADS, TSSA_P
+    H, P = sizes.n_heads, sizes.d_model // sizes.n_heads
     w = torch.randn(B, H, L, P, device=device, dtype=dtype, requires_grad=True)
     temp = torch.ones(H, device=device, dtype=dtype, requires_grad=True)
     bias = torch.zeros(H, L, 1, device=device, dtype=dtype, requires_grad=True)
@@ -188,8 +219,8 @@ def tssa_case(impl: str, B: int, L: int, dtype, device):
     return [w, temp, bias], lambda w, t, b: fn(w, t, b, True), (fwd, bwd)
 
 
-def sdpa_case(impl: str, B: int, L: int, dtype, device):
-    H, Dh = N_HEADS, D_MODEL // N_HEADS
+def sdpa_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
+    H, Dh = sizes.n_heads, sizes.d_model // sizes.n_heads
     q, k, v = (torch.randn(B, H, L, Dh, device=device, dtype=dtype, requires_grad=True)
                for _ in range(3))
     fn = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
@@ -216,7 +247,10 @@ OPS = list(dict.fromkeys(op for op, _, _ in CASES))  # the kernels' op names (ke
 # -------------------------------------------------------------------------------------
 
 
-def _peak_bytes(fn: Callable[[], None], device) -> int:
+def _peak_bytes(fn: Callable[[], None], device) -> int | str:
+    if device.type != "cuda":
+        fn()
+        return ""
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -225,22 +259,30 @@ def _peak_bytes(fn: Callable[[], None], device) -> int:
     return int(torch.cuda.max_memory_allocated(device) - base)
 
 
-def measure(op: str, impl: str, case: Callable, B: int, L: int, dtype, device, hbm: float | None,
-            warmup_ms: int = 25, rep_ms: int = 100) -> list[dict]:
+def _milliseconds(fn: Callable[[], None], grads: list[torch.Tensor], device, warmup_ms: int, rep_ms: int) -> float:
+    """do_bench's median on a GPU; one wall-clock call under the interpreter (no benchmark)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     from triton.testing import do_bench
 
-    base = {"op": op, "impl": impl, "L": L, "batch": B, "d_model": D_MODEL,
+    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grads, return_mode="median")
+
+
+def measure(op: str, impl: str, case: Callable, B: int, L: int, dtype, device, hbm: float | None,
+            warmup_ms: int = 25, rep_ms: int = 100, sizes: Sizes = PAPER_SIZES) -> list[dict]:
+    base = {"op": op, "impl": impl, "L": L, "batch": B, "d_model": sizes.d_model,
             "dtype": str(dtype).replace("torch.", "")}
     try:
-        built = case(impl, B, L, dtype, device)
-        if built is None:
-            return []  # implementation not installed (fla)
-        inputs, fn, (fwd_bytes, bwd_bytes) = built
+        inputs, fn, (fwd_bytes, bwd_bytes) = case(impl, B, L, dtype, device, sizes)
         with torch.no_grad():
             dy = torch.randn_like(fn(*inputs))
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
         return [{**base, "pass": p, "status": "oom"} for p in ("fwd", "fwdbwd")]
+    except FlaUnavailable as err:
+        return [{**base, "pass": p, "status": f"unavailable: fla {err}"} for p in ("fwd", "fwdbwd")]
     except Exception as err:  # noqa: BLE001 - a kernel that fails to compile or launch is a result
         return [{**base, "pass": p, "status": failed(err)} for p in ("fwd", "fwdbwd")]
 
@@ -257,8 +299,7 @@ def measure(op: str, impl: str, case: Callable, B: int, L: int, dtype, device, h
         row = {**base, "pass": name, "bytes_moved": nbytes}
         try:
             row["peak_mem_bytes"] = _peak_bytes(run, device)
-            ms = do_bench(run, warmup=warmup_ms, rep=rep_ms, grad_to_none=inputs,
-                          return_mode="median")
+            ms = _milliseconds(run, inputs, device, warmup_ms, rep_ms)
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             rows.append({**row, "status": "oom"})
@@ -279,6 +320,27 @@ def failed(err: Exception) -> str:
 
     traceback.print_exception(err)
     return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
+
+
+def measure_case(op: str, impl: str, L: int, batch: int, dtype: str, smoke: bool = False) -> list[dict]:
+    """One case's rows, in a worker process (``run_sweep``): on the GPU, else under the
+    interpreter; ``smoke``: at ``SMOKE_SIZES``."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = device_name(device)
+    case = next(c for o, i, c in CASES if (o, i) == (op, impl))
+    torch.manual_seed(0)
+    rows = measure(op, impl, case, batch, L, DTYPES[dtype], device, hbm_bandwidth(name) if device.type == "cuda" else None,
+                   sizes=SMOKE_SIZES if smoke else PAPER_SIZES)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return [{**r, "device": name, **versions()} for r in rows]
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _time(rows, op, impl, pass_, L):
@@ -304,44 +366,63 @@ def summarize(rows: list[dict]) -> list[str]:
                 == ("grassmann", "triton", "fwd", L) and r["status"] == "ok"]
         if t_k and t_a:
             lines.append(f"L={L:>6}: grassmann triton fwd+bwd {t_k:.3f} ms vs sdpa {t_a:.3f} ms "
-                         f"-> sdpa / grassmann = {t_a / t_k:.2f}x (target > 1 at L >= 2048); "
-                         f"grassmann fwd roofline {roof[0] if roof else '?'} (target >= 0.5)")
+                         f"-> sdpa / grassmann = {t_a / t_k:.2f}x (target > 1 at L >= 2048)"
+                         + (f"; grassmann fwd roofline {roof[0]} (target >= 0.5)" if roof and roof[0] != "" else ""))
         t_g = _time(rows, "gla", "triton", "fwdbwd", L)
         t_f = _time(rows, "gla", "fla", "fwdbwd", L)
         if t_g and t_f:
             lines.append(f"L={L:>6}: gla triton / fla fwd+bwd = {t_g / t_f:.2f}x (target <= 1.25x)")
-    if not any(r["impl"] == "fla" for r in rows):
-        lines.append("fla (flash-linear-attention) does not import: no GLA comparison with it")
+    fla = [r for r in rows if r["impl"] == "fla"]
+    if fla and not any(r["status"] == "ok" for r in fla):  # only where the GLA sweep asked for it
+        lines.append(f"no GLA comparison with fla (flash-linear-attention): {fla[0]['status']}")
     return lines
 
 
-def run_gpu(lengths: list[int], out: Path | None, batch: int, dtype: torch.dtype,
-            ops: list[str] | None = None) -> Path:
-    device = torch.device("cuda")
-    name = torch.cuda.get_device_name(device)
-    hbm = hbm_bandwidth(name)
+def _print_row(r: dict) -> None:
+    print(f"  {r['op']:>9} {r['impl']:>9} {r['pass']:>6} L={r['L']:>6}: "
+          + (f"{r['time_ms']:.4f} ms, "
+             + (f"{r['peak_mem_bytes'] / 2**20:.1f} MiB, " if r["peak_mem_bytes"] != "" else "")
+             + f"{r['bandwidth_GBps']} GB/s" if r["status"] == "ok" else r["status"]), flush=True)
+
+
+def _case_rows(case: Case, outcome, device: str) -> list[dict]:
+    """A case's rows; a case that timed out, crashed or was skipped has two saying so."""
+    if outcome.rows is not None:
+        return outcome.rows
+    a = case.args
+    d_model = (SMOKE_SIZES if a.get("smoke") else PAPER_SIZES).d_model
+    return [{"op": a["op"], "impl": a["impl"], "pass": p, "L": a["L"], "batch": a["batch"], "d_model": d_model,
+             "dtype": str(DTYPES[a["dtype"]]).replace("torch.", ""), "status": outcome.status, "device": device,
+             **versions()} for p in ("fwd", "fwdbwd")]
+
+
+def run_sweep(lengths: list[int], out: Path | None, batch: int, dtype: str, ops: list[str] | None = None,
+              case_timeout_s: float = 60.0, budget_s: float = 3600.0, smoke: bool = False) -> tuple[Path, list[dict]]:
+    """Every (op, impl) at every length, each case in a worker under its time limit (module
+    docstring); the CSV is written after every length. ``smoke``: ``SMOKE_SIZES``."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = device_name(device)
+    hbm = hbm_bandwidth(name) if device.type == "cuda" else None
     ver = versions()
-    out = out or Path("results/bench") / f"kernels-{device_slug(name)}.csv"
+    out = out or Path("results/bench") / device_slug(name) / "kernels.csv"
     print(f"device: {name} (HBM {hbm / 1e12 if hbm else '?'} TB/s), torch {ver['torch']}, "
-          f"triton {ver['triton']}, fla {ver['fla'] or 'not installed'}; batch {batch}, {dtype}")
+          f"triton {ver['triton']}, fla {ver['fla'] or 'not installed'}; batch {batch}, {dtype}; "
+          f"at most {case_timeout_s:.0f} s a case", flush=True)
+    deadline = time.monotonic() + budget_s
     rows: list[dict] = []
     for L in lengths:
-        for op, impl, case in CASES:
-            if ops and op not in ops:
-                continue
-            torch.manual_seed(0)
-            got = measure(op, impl, case, batch, L, dtype, device, hbm)
-            torch.cuda.empty_cache()
-            for r in got:
-                r.update(device=name, **ver)
-                print(f"  {op:>9} {impl:>9} {r['pass']:>6} L={L:>6}: "
-                      + (f"{r['time_ms']:.4f} ms, {r['peak_mem_bytes'] / 2**20:.1f} MiB, "
-                         f"{r['bandwidth_GBps']} GB/s" if r["status"] == "ok" else r["status"]))
-            rows.extend(got)
+        cases = [Case(f"{op}/{impl}/L{L}", "seqmix.bench.kernels:measure_case",
+                      {"op": op, "impl": impl, "L": L, "batch": batch, "dtype": dtype, "smoke": smoke}, case_timeout_s)
+                 for op, impl, _ in CASES if not ops or op in ops]
+        outcomes = run_cases(cases, max(0.0, deadline - time.monotonic()))
+        for c in cases:
+            for r in _case_rows(c, outcomes[c.id], name):
+                _print_row(r)
+                rows.append(r)
         write_csv(out, rows, FIELDS)  # after every length: a long sweep keeps what it measured
-    print("\n".join(summarize(rows)))
-    print(f"wrote {len(rows)} rows to {out}")
-    return out
+    print("\n".join(summarize(rows)), flush=True)
+    print(f"wrote {len(rows)} rows to {out}", flush=True)
+    return out, rows
 
 
 # -------------------------------------------------------------------------------------
@@ -393,9 +474,10 @@ def smoke_cpu() -> dict[str, float]:
 
 
 def run(lengths: list[int] | None = None, out: Path | None = None, batch: int = 4,
-        dtype: str = "bf16", ops: list[str] | None = None) -> int:
+        dtype: str = "bf16", ops: list[str] | None = None, case_timeout_s: float = 60.0,
+        budget_s: float = 3600.0, interpret: bool = False) -> int:
     """Entry point of ``python -m seqmix bench kernels``; returns the exit status."""
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not interpret:
         print("no GPU: CUDA is not available, so no timings were taken and no CSV is written.")
         print("Running each kernel once under the Triton interpreter against its reference "
               "(forward and backward, fp32, tiny sizes):")
@@ -406,6 +488,5 @@ def run(lengths: list[int] | None = None, out: Path | None = None, batch: int = 
             ok &= good
             print(f"  {name}: {'ok' if good else 'MISMATCH'} (max relative error {err:.1e})")
         return 0 if ok else 1
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    run_gpu(lengths or DEFAULT_LENGTHS, out, batch, torch_dtype, ops)
+    run_sweep(lengths or DEFAULT_LENGTHS, out, batch, dtype, ops, case_timeout_s, budget_s)
     return 0

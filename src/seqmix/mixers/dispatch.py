@@ -3,6 +3,11 @@ PyTorch reference. One setting per process (``configure``, called by the CLI) or
 (``using``: one training run, a test, a benchmark case), a ``Record`` of the path each
 named fast path took (for provenance.json and benchmark rows), and a fallback to the
 reference, with one ``KernelFallbackWarning``, when a fast path fails (``call``).
+
+Under ``torch.compile`` (``train.compile``) a call takes the path an eager call of the same
+name, setting and device took before it (the compiled step's first step runs eagerly,
+``seqmix.train.step``): the reference is traced, a fast path runs as an opaque call
+(``torch.compiler.disable``), so the compiler never traces the fallback's try/except.
 """
 
 from __future__ import annotations
@@ -80,6 +85,9 @@ class Record:
 _BLOCKS: list[Record] = [Record("auto")]
 _FAILED: dict[str, str] = {}
 _CHECKED: set[tuple] = set()
+# (name, setting, device type) -> the fast path an eager call took, wrapped for the compiler
+# (``torch.compiler.disable``); a name that took the reference has no entry.
+_RESOLVED: dict[tuple, Callable[..., torch.Tensor]] = {}
 
 
 def _check_setting(setting: str) -> Implementation:
@@ -117,13 +125,13 @@ def using(setting: Implementation | None = None) -> Iterator[Record]:
 @contextlib.contextmanager
 def isolated(setting: Implementation = "auto") -> Iterator[Record]:
     """A fresh process state for the block (no failures remembered, nothing checked): for tests."""
-    global _BLOCKS, _FAILED, _CHECKED
-    saved = _BLOCKS, _FAILED, _CHECKED
-    _BLOCKS, _FAILED, _CHECKED = [Record(_check_setting(setting))], {}, set()
+    global _BLOCKS, _FAILED, _CHECKED, _RESOLVED
+    saved = _BLOCKS, _FAILED, _CHECKED, _RESOLVED
+    _BLOCKS, _FAILED, _CHECKED, _RESOLVED = [Record(_check_setting(setting))], {}, set(), {}
     try:
         yield _BLOCKS[0]
     finally:
-        _BLOCKS, _FAILED, _CHECKED = saved
+        _BLOCKS, _FAILED, _CHECKED, _RESOLVED = saved
 
 
 def provenance() -> dict:
@@ -157,8 +165,10 @@ def call(name: str, args: tuple, reference: Callable[..., torch.Tensor], *paths:
     it would fail too, later; the fix is a smaller batch) and errors on fake or meta tensors
     (the tracer's). ``warnings.simplefilter("error", KernelFallbackWarning)`` makes a
     fallback an error, for a GPU check that must prove the kernels."""
-    block = record()
     x = next(a for a in args if isinstance(a, torch.Tensor))
+    if torch.compiler.is_compiling():
+        return _compiled_call(name, args, reference, x)
+    block = record()
     path = None if block.setting == "reference" else next(
         (p for p in paths if _applies(p, x, block.setting)), None)
     if path is None:
@@ -183,7 +193,16 @@ def call(name: str, args: tuple, reference: Callable[..., torch.Tensor], *paths:
         block.note(name, f"reference (fallback: {_fall_back(name, path, args, err)})")
         return reference(*args)
     block.note(name, path.kind)
+    if (key := (name, block.setting, x.device.type)) not in _RESOLVED:
+        _RESOLVED[key] = torch.compiler.disable(path.fn)
     return out
+
+
+def _compiled_call(name: str, args: tuple, reference: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """A call traced by torch.compile: the fast path an eager call resolved, opaque to the
+    compiler, else the reference, traced (module docstring)."""
+    fast = _RESOLVED.get((name, current(), x.device.type))
+    return reference(*args) if fast is None or name in _FAILED else fast(*args)
 
 
 def _signature(args: tuple) -> tuple:

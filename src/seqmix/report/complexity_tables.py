@@ -1,6 +1,7 @@
 """The complexity notebook's numbers: the cost-exponent table, the Triton kernel table and
 the ``cx`` macros, from ``complexity.csv``, ``complexity_fit.csv`` and ``complexity_growth.csv``
-(row types: ``ComplexityRow``, ``FitRow``, ``GrowthRow`` in seqmix.analysis) and any ``kernels-*.csv`` benchmark."""
+(row types: ``ComplexityRow``, ``FitRow``, ``GrowthRow`` in seqmix.analysis) and any GPU's
+``<gpu>/kernels.csv`` benchmark (``make gpu-check``, ``python -m seqmix bench kernels``)."""
 
 from __future__ import annotations
 
@@ -120,8 +121,8 @@ def complexity_table(c: Complexity) -> str:
 
 
 def read_kernel_benchmarks(bench_dir: str | Path) -> tuple[pd.DataFrame | None, int]:
-    """The ok rows of every ``kernels-*.csv`` in ``bench_dir`` (None without one), and the number of files."""
-    files = sorted(Path(bench_dir).glob("kernels-*.csv"))
+    """The ok rows of every ``<gpu>/kernels.csv`` in ``bench_dir`` (None without one), and the number of files."""
+    files = sorted(Path(bench_dir).glob("*/kernels.csv"))
     if not files:
         return None, 0
     bench = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
@@ -135,20 +136,22 @@ def kernels_table(bench: pd.DataFrame | None) -> str:
                 "\\paragraph{Triton kernels.}\\label{tab:kernels} No GPU benchmark was committed to "
                 "\\texttt{results/bench/}: the Triton kernels were verified only under \\texttt{TRITON\\_INTERPRET=1} "
                 "on the CPU (forward and backward against the references). Run \\texttt{python -m seqmix bench kernels} "
-                "on a GPU and commit \\texttt{results/bench/kernels-<gpu>.csv} to fill a table here.\n")
+                "on a GPU (or \\texttt{make gpu-check}) and commit \\texttt{results/bench/<gpu>/kernels.csv} to fill a table here.\n")
+    # SDPA is benchmarked as its own op ("attention"): every kernel is compared with it at the
+    # same device, length and pass; an op without a Triton kernel is not a row of its own.
+    sdpa = bench[bench.impl == "sdpa"].set_index(["device", "L", "pass"]).time_ms
     rows = []
     for (device, op), g in bench.groupby(["device", "op"]):
         t = g.pivot_table(index=["L", "pass"], columns="impl", values="time_ms")
         for (L, pass_), r in t.iterrows():
-            if L not in KERNEL_LENGTHS:
-                continue
             kernel = r.get("triton")
-            cells = [escape(device), escape(op), f"{int(L):,}", pass_, f"{kernel:.3f}" if pd.notna(kernel) else "--"]
-            for other in ("reference", "sdpa", "fla"):
-                v = r.get(other)
-                cells.append(f"{v / kernel:.2f}$\\times$" if pd.notna(v) and pd.notna(kernel) else "--")
+            if L not in KERNEL_LENGTHS or pd.isna(kernel):
+                continue
+            others = [r.get("reference"), sdpa.get((device, L, pass_)), r.get("fla")]
+            cells = [escape(device), escape(op), f"{int(L):,}", pass_, f"{kernel:.3f}"]
+            cells += [f"{v / kernel:.2f}$\\times$" if pd.notna(v) else "--" for v in others]
             roof = g[(g.L == L) & (g["pass"] == pass_) & (g.impl == "triton")].roofline_frac
-            cells.append(f"{roof.iloc[0]:.0%}".replace("%", "\\%") if len(roof) and pd.notna(roof.iloc[0]) else "--")
+            cells.append(f"{roof.iloc[0]:.1%}".replace("%", "\\%") if len(roof) and pd.notna(roof.iloc[0]) else "--")
             rows.append(cells)
     return table(
         ["Device", "Op", "$L$", "Pass", "Triton (ms)", "vs reference", "vs SDPA", "vs fla", "HBM roofline"], rows,

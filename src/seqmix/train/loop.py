@@ -22,7 +22,6 @@ What makes a rerun end exactly like an uninterrupted run:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import math
@@ -47,6 +46,7 @@ from seqmix.tasks import make_task
 from seqmix.tasks.base import Task
 from seqmix.train import checkpoint
 from seqmix.train.provenance import provenance
+from seqmix.train.step import StepLoss, optimizer_step, step_loss
 
 LOG_FIELDS = ["step", "phase", "loss", "metric", "metric_value", "lr", "grad_norm", "seen", "elapsed_s"]
 CHECKPOINT = Path("checkpoints") / "last.pt"  # the latest state of a run in progress
@@ -111,6 +111,8 @@ def lr_lambda(train: TrainSpec):
 
 
 def make_optimizer(model: torch.nn.Module, train: TrainSpec) -> torch.optim.AdamW:
+    """AdamW over the model's parameters; fused (one kernel for every update) under
+    ``train.compile``."""
     # Decay matrices only (nanoGPT): not biases, norms, embeddings' positions, nor the
     # parameters a mixer names in no_weight_decay() (Mamba's A_log and D, ToST's temp).
     no_decay = set()
@@ -124,13 +126,7 @@ def make_optimizer(model: torch.nn.Module, train: TrainSpec) -> torch.optim.Adam
         seen.add(id(p))
         (decay if p.dim() >= 2 and name not in no_decay else other).append(p)
     groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas))
-
-
-def autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas), fused=train.compile or None)
 
 
 def build_for_spec(spec: RunSpec, task: Task) -> tuple[torch.nn.Module, dict]:
@@ -174,6 +170,7 @@ class Run:
     size: dict
     identity: str
     state: Progress
+    loss_of: StepLoss  # the training step's loss: eager, or compiled under train.compile
     started: float = 0.0
     finished_before: bool = False  # restored from final.pt: only the results are written again
 
@@ -200,7 +197,8 @@ def start(spec: RunSpec) -> Run:
         raise ConfigError(problem)  # before step 1, instead of the kernel's OOM kill mid-run
     opt = make_optimizer(model, train)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train))
-    run = Run(spec, task, model, opt, sched, device, size, spec_hash(spec), Progress())
+    run = Run(spec, task, model, opt, sched, device, size, spec_hash(spec), Progress(),
+              step_loss(task, model, device, train))
     resume_or_init(run)
     write_json(run_dir / "config.json", {**spec.model_dump(mode="json"), "resolved_size": size,
                                          "spec_hash": run.identity})
@@ -254,19 +252,14 @@ def train_step(run: Run) -> tuple[float, float] | None:
     """One optimiser step; (loss, grad norm), or None when the loss is not finite."""
     run.model.train()
     batch = run.task.train_batch(run.state.step, run.spec.train.batch_size, run.device)
-    with autocast(run.device, run.spec.train.precision):
-        loss = run.task.loss(run.model, batch)
-    if not torch.isfinite(loss):
-        print(f"loss is {loss.item()} at step {run.state.step}: recording the run as diverged", file=sys.stderr)
+    loss, grad_norm = optimizer_step(run.loss_of, run.model, run.opt, run.spec.train.grad_clip, batch)
+    if grad_norm is None:
+        print(f"loss is {loss} at step {run.state.step}: recording the run as diverged", file=sys.stderr)
         return None
-    run.opt.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.spec.train.grad_clip or float("inf"))
-    run.opt.step()
     run.sched.step()
     run.state.step += 1
     run.state.seen += run.task.progress(batch)
-    return loss.item(), float(grad_norm)
+    return loss, grad_norm
 
 
 def log_row(run: Run, phase: str, loss: float, metric=None, value=None, lr=None, grad_norm=None) -> None:
@@ -383,8 +376,8 @@ def finish(run: Run) -> dict:
     checkpoint.save_atomic({"model": run.model.state_dict(), "size": run.size}, run.run_dir / "model.pt")
     write_csv(run.run_dir / "log.csv", run.state.log, LOG_FIELDS)
     metrics = metrics_of(run)
-    write_json(run.run_dir / "provenance.json",
-               provenance(run.device, seed=run.spec.seed, wall_time_s=run.state.elapsed))
+    write_json(run.run_dir / "provenance.json", provenance(run.device, seed=run.spec.seed, wall_time_s=run.state.elapsed,
+                                                          training_step=run.loss_of.record()))
     write_json(run.run_dir / "metrics.json", metrics)
     (run.run_dir / CHECKPOINT).unlink(missing_ok=True)  # final.pt holds all a rerun needs
     remove_stale_temps(ckpt_dir)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `make gpu-check`: everything one GPU can tell this project in at most 8 minutes
+# (python -m seqmix bench gpu-check; seqmix/bench/gpucheck.py says what it runs), into
+# results/bench/<gpu>/, its whole output in gpu-check.log there.
+#
+# Where seqmix and its dependencies are not importable (a bare GPU image: Python 3.12,
+# torch, Triton, no package registry), it first installs the wheels that
+# scripts/gpu-wheels.sh gathered into .gpu-wheels/ and seqmix itself (no dependencies, no
+# build isolation) into a directory on PYTHONPATH ($GPU_SITE, default .gpu-site/: it must sit
+# in the checkout, since seqmix finds config/ as the parent of its installed package's folder).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+WHEELS=${WHEELS:-.gpu-wheels}
+SITE=${GPU_SITE:-$PWD/.gpu-site}
+start=$(date +%s)
+if ! "$PYTHON" -c "import pydantic, seqmix.cli" 2>/dev/null; then
+  if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    echo "gpu-check: seqmix's dependencies are not importable and $WHEELS/ holds no wheels:" \
+         "run scripts/gpu-wheels.sh (make gpu-wheels) where pip reaches PyPI, and bring $WHEELS/ along" >&2
+    exit 2
+  fi
+  echo "gpu-check: installing $(ls "$WHEELS"/*.whl | wc -l) wheels and seqmix into $SITE"
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    "$WHEELS"/*.whl || exit 2
+  "$PYTHON" -m pip install -q --no-deps --no-build-isolation --no-cache-dir --upgrade --target "$SITE" . || exit 2
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+log=$(mktemp)
+"$PYTHON" -m seqmix bench gpu-check "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+echo "gpu-check: exit status $status, $(( $(date +%s) - start )) s in all (installation included)" | tee -a "$log"
+out=$("$PYTHON" -c "import torch; from seqmix.bench.kernels import device_slug; \
+print('results/bench/' + device_slug(torch.cuda.get_device_name(0)))" 2>/dev/null)
+if [ -n "$out" ] && [ -d "$out" ]; then
+  cp "$log" "$out/gpu-check.log"
+fi
+rm -f "$log"
+exit "$status"
