@@ -214,6 +214,20 @@ def test_selective_scan_chunked_fp32_and_without_D():
     assert_all_close(grads(out, given), grads(ref, given), atol=1e-3, rtol=1e-3)
 
 
+def with_gate(inputs, seed=1):
+    """The inputs plus z (Bt, D, L): the SiLU gate the layer applies inside the scan."""
+    z = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(seed), dtype=inputs[0].dtype)
+    return [*inputs, z.requires_grad_()]
+
+
+def test_selective_scan_chunked_gate_equals_reference():
+    inputs = with_gate(scan_inputs(2, 3, 4, 21))
+    ref = selective_scan_reference(*inputs)
+    out = selective_scan_chunked(*inputs, chunk_size=8)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
+    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-10)
+
+
 # Set by CI (.ci/run): there a fused CPU scan that cannot be built is a failure, not a skip.
 REQUIRE_CPU_EXTENSION_ENV = "SEQMIX_REQUIRE_CPU_EXTENSION"
 
@@ -257,6 +271,14 @@ def test_selective_scan_fused_fp32_and_without_D(fused_scan):
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     given = inputs[:-1]
     assert_all_close(grads(out, given), grads(ref, given), atol=1e-3, rtol=1e-3)
+
+
+def test_selective_scan_fused_gate_equals_reference(fused_scan):
+    inputs = with_gate(scan_inputs(2, 3, 4, 21))
+    ref = selective_scan_reference(*inputs)
+    out = fused_scan(*inputs)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
+    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-10)
 
 
 def test_mamba_layer_takes_the_fused_scan_on_cpu_and_matches_the_eager_one(fused_scan):
