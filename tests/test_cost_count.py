@@ -83,19 +83,18 @@ def test_the_check_catches_a_quadratic_mixer():
 
 
 def chunk_states_indexed(k_c, v_c, mu_c, M_c):
-    """Performer's chunk states as before 0031d07: kv[:, :, n - 1] indexed per loop step."""
+    """Performer's chunk states as before 0031d07: a loop over chunks with kv[:, :, n - 1]
+    indexed per step (same result as ``_chunk_states``)."""
     M_end = M_c[..., -1]
     w_end = torch.exp(mu_c - M_end[..., None])
-    kv = (k_c * w_end[..., None]).transpose(-1, -2) @ v_c
-    ks = (k_c * w_end[..., None]).sum(-2)
+    kv = k_c.transpose(-1, -2) @ (v_c * w_end[..., None])
     M_prev = torch.cat([torch.full_like(M_end[..., :1], -math.inf), M_end[..., :-1]], dim=-1)
-    S, z = [torch.zeros_like(kv[:, :, 0])], [torch.zeros_like(ks[:, :, 0])]
+    S = [torch.zeros_like(kv[:, :, 0])]
     for n in range(1, kv.shape[2]):
-        scale = torch.exp(M_prev[:, :, n - 1] - M_end[:, :, n - 1])[..., None]
-        S.append(S[-1] * scale[..., None] + kv[:, :, n - 1])
-        z.append(z[-1] * scale + ks[:, :, n - 1])
+        scale = torch.exp(M_prev[:, :, n - 1] - M_end[:, :, n - 1])[..., None, None]
+        S.append(S[-1] * scale + kv[:, :, n - 1])
     carry = torch.exp(M_prev[..., None] - M_c)[..., None]
-    return torch.stack(S, dim=2), torch.stack(z, dim=2), carry
+    return torch.stack(S, dim=2), carry
 
 
 def test_the_check_catches_the_performer_indexing_defect(monkeypatch):

@@ -33,6 +33,7 @@ pytest.importorskip("triton")
 
 from seqmix.mixers.gla import gla_recurrent_reference  # noqa: E402
 from seqmix.mixers.grassmann import grassmann_mix_reference, plucker  # noqa: E402
+from seqmix.mixers.mamba import selective_scan_reference  # noqa: E402
 from seqmix.mixers.tssa import tssa_reference  # noqa: E402
 
 
@@ -41,7 +42,8 @@ def _kernel_module(name: str):
     from triton.runtime.interpreter import InterpretedFunction
 
     mod = importlib.import_module(f"seqmix.kernels.{name}")
-    probe = {"grassmann": "_fwd_kernel", "gla": "_fwd_o_kernel", "tssa": "_causal_fwd_kernel"}[name]
+    probe = {"grassmann": "_fwd_kernel", "gla": "_fwd_o_kernel", "tssa": "_causal_fwd_kernel",
+             "selective_scan": "_fwd_kernel"}[name]
     if not isinstance(getattr(mod, probe), InterpretedFunction):
         importlib.reload(sys.modules["seqmix.kernels._common"])
         mod = importlib.reload(mod)
@@ -220,6 +222,63 @@ def test_tssa_without_bias_and_zero_column():
 
 
 # --------------------------------------------------------------------------------------
+# Mamba's selective scan (Gu & Dao 2023, arXiv:2312.00752, §3.3; mamba_ssm selective_scan_ref)
+# --------------------------------------------------------------------------------------
+
+
+def scan_case(Bt, D, N, L, strong, skip_and_gate=True, dtype=torch.float32, seed=0):
+    """u, Δ, A, B, C, D, z as the Mamba layer passes them: Δ ∈ (0, 0.2) (weak decay: the
+    init's Δ ≤ 0.1) or (0, 3) (strong: exp(Δ A) down to e^-72 at N 16), A_n = -n · U[0.5, 1.5];
+    D and z, or None for both."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(Bt, D, L, generator=g, dtype=dtype)
+    delta = (3.0 if strong else 0.2) * torch.rand(Bt, D, L, generator=g, dtype=dtype)
+    A = -torch.arange(1, N + 1, dtype=dtype).repeat(D, 1) * (0.5 + torch.rand(D, 1, generator=g, dtype=dtype))
+    B, C = (torch.randn(Bt, N, L, generator=g, dtype=dtype) for _ in range(2))
+    Dskip, z = torch.randn(D, generator=g, dtype=dtype), torch.randn(Bt, D, L, generator=g, dtype=dtype)
+    inputs = [u, delta, A, B, C] + ([Dskip, z] if skip_and_gate else [])
+    return [t.requires_grad_() for t in inputs], ["u", "delta", "A", "B", "C", "D", "z"][:len(inputs)]
+
+
+SCAN_CASES = [
+    # Bt, D, N, L, strong decay, with D and z; interpreter tiles: 8 tokens × 4 channels
+    (2, 5, 3, 1, False, True),  # L = 1; D and N not multiples of the tiles
+    (2, 5, 3, 1, True, False),
+    (2, 6, 4, 13, False, True),  # two chunks, the second ragged
+    (2, 6, 4, 13, True, True),
+    (3, 4, 2, 17, True, False),  # D one tile exactly; the last chunk one token long
+    (1, 9, 16, 40, False, False),  # five full chunks, three channel blocks, N 16 (Mamba's)
+    (1, 9, 16, 40, True, True),
+]
+
+
+@pytest.mark.parametrize("Bt,D,N,L,strong,skip_and_gate", SCAN_CASES)
+def test_selective_scan_matches_reference(Bt, D, N, L, strong, skip_and_gate):
+    ss = _kernel_module("selective_scan")
+    inputs, names = scan_case(Bt, D, N, L, strong, skip_and_gate, seed=L + N)
+    check(ss.selective_scan, selective_scan_reference, inputs, names)
+
+
+def test_selective_scan_reads_strided_views_and_rejects_bad_shapes():
+    """The layer's own layouts: time-major tensors seen as (Bt, ·, L) views, B and C slices
+    of one projection (row stride R + 2N), z half of another; read in place."""
+    ss = _kernel_module("selective_scan")
+    g = torch.Generator().manual_seed(3)
+    Bt, L, D, N, R = 2, 11, 6, 4, 3
+    xz = torch.randn(Bt, L, 2 * D, generator=g)
+    proj = torch.randn(Bt, L, R + 2 * N, generator=g)
+    delta = torch.rand(Bt, L, D, generator=g)
+    A = -torch.rand(D, N, generator=g) * 4
+    Dskip = torch.randn(D, generator=g)
+    u, z = (t.transpose(1, 2) for t in xz.split(D, dim=-1))
+    _, B, C = (t.transpose(1, 2) for t in proj.split([R, N, N], dim=-1))
+    args = (u, delta.transpose(1, 2), A, B, C, Dskip, z)
+    assert_matches(ss.selective_scan(*args), selective_scan_reference(*args), "strided views")
+    with pytest.raises(ValueError, match=r"B must be \(2, 4, 11\)"):
+        ss.selective_scan(u, delta.transpose(1, 2), A, B[:, :3], C, Dskip, z)
+
+
+# --------------------------------------------------------------------------------------
 # 16-bit inputs (the AMP path): fp16, since the interpreter's numpy has no bf16
 # --------------------------------------------------------------------------------------
 
@@ -253,13 +312,34 @@ def test_half_precision_inputs_against_fp32_reference():
             assert_matches(gh.float(), gf, "fp16 gradient", rtol=1e-2, atol_rel=1e-2)
 
 
+def test_selective_scan_half_inputs_as_under_autocast():
+    """Under bf16 autocast the layer hands the scan 16-bit u, B, C, z (linear and conv
+    outputs) and fp32 Δ (softplus autocasts to fp32), A and D. The kernel's arithmetic is fp32
+    (as the reference's): only the output and the 16-bit inputs' gradients are rounded, once
+    (fp16 here, the interpreter has no bf16: unit roundoff 4.9e-4, tolerance 2e-3)."""
+    ss = _kernel_module("selective_scan")
+    inputs, names = scan_case(2, 6, 4, 21, False, seed=9)
+    half_at = {0, 3, 4, 6}  # u, B, C, z
+    with torch.no_grad():
+        full = [(t.half().float() if i in half_at else t).requires_grad_() for i, t in enumerate(inputs)]
+    mixed = [(t.detach().half() if i in half_at else t.detach()).requires_grad_() for i, t in enumerate(full)]
+    out_h, out_f = ss.selective_scan(*mixed), selective_scan_reference(*full)
+    assert out_h.dtype == torch.float16
+    assert_matches(out_h.float(), out_f, "fp16 forward", rtol=2e-3, atol_rel=2e-3)
+    dy = torch.randn(out_f.shape, generator=torch.Generator().manual_seed(1)).half()
+    for i, (name, gh, gf) in enumerate(zip(names, _grads(out_h, mixed, dy), _grads(out_f, full, dy.float()))):
+        assert gh.dtype == mixed[i].dtype, name
+        assert_matches(gh.float(), gf, f"d{name} (fp16 inputs)", rtol=2e-3, atol_rel=2e-3)
+
+
 # --------------------------------------------------------------------------------------
 # The mixers' dispatch (the kernels forced on the CPU) gives the reference's output and grads;
 # a kernel that fails falls back to the reference, once, and says so
 # --------------------------------------------------------------------------------------
 
 DISPATCH_OPTIONS = {"grassmann": {"rank": 5, "offsets": (1, 3, 3)}, "gla": {"n_heads": 2, "chunk_size": 16},
-                    "tssa": {"n_heads": 3}}
+                    "tssa": {"n_heads": 3}, "mamba": {"d_state": 3, "expand": 1}}
+KERNEL_MODULE = {"mamba": "selective_scan"}  # the kernels module of each mixer, where not its name
 
 
 def _mixer_case(arch: str, causal: bool = True):
@@ -273,11 +353,12 @@ def _mixer_case(arch: str, causal: bool = True):
     return mixer, x, [x, *mixer.parameters()], torch.randn(2, 19, 24)
 
 
-@pytest.mark.parametrize("arch,causal", [("grassmann", True), ("gla", True), ("tssa", True), ("tssa", False)])
+@pytest.mark.parametrize("arch,causal", [("grassmann", True), ("gla", True), ("tssa", True), ("tssa", False),
+                                         ("mamba", True)])
 def test_mixer_dispatch_matches_reference(arch, causal):
     from seqmix.mixers import dispatch
 
-    _kernel_module(arch)  # kernels module of the same name, under the interpreter
+    _kernel_module(KERNEL_MODULE.get(arch, arch))  # the mixer's kernels, under the interpreter
     mixer, x, params, dy = _mixer_case(arch, causal)
     with dispatch.using("reference") as reference_run:
         want = mixer(x)
@@ -306,13 +387,14 @@ def compile_failure(error: str) -> Exception:
     ("tssa", "_causal_bwd_kernel", "RuntimeError", (2, 3, 19, 8)),  # only the backward: caught at first use
     ("grassmann", "_fwd_kernel", "RuntimeError", (2, 19, 5)),
     ("gla", "_bwd_dqk_kernel", "CompilationError", (2, 2, 19, 6)),
+    ("mamba", "_bwd_kernel", "RuntimeError", (2, 24, 19)),  # a custom op's backward: caught at first use
 ])
 def test_a_kernel_that_fails_falls_back_to_its_reference_with_one_warning(arch, kernel, error, shape, monkeypatch):
     import triton
 
     from seqmix.mixers import dispatch
 
-    module = _kernel_module(arch)
+    module = _kernel_module(KERNEL_MODULE.get(arch, arch))
     mixer, x, params, dy = _mixer_case(arch)
     with dispatch.isolated("reference"):
         want = mixer(x)

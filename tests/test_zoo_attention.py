@@ -91,12 +91,17 @@ def test_performer_chunked_equals_dense_reference(L, chunk):
 
     def run(q, k, v, fast):
         phi_q = perf.query_features(q, omega, 1e-4)
-        k_proj, k_logf = perf.favor_projections(k, omega)
         if fast:
-            return perf.causal_favor_attention(phi_q, k_logf, k_proj, v, 1e-4, chunk)
+            return perf.causal_favor_attention(phi_q, *perf.key_features(k, omega), v, 1e-4, chunk)
+        k_proj, k_logf = perf.favor_projections(k, omega)
         return perf.favor_attention_reference(phi_q, k_logf, k_proj, v, True, 1e-4)
 
+    def run_stacked(q, k, v):  # the mixer's features: q and k in one pass, φ(q) unscaled
+        phi_q, k_hat, mu = perf.favor_features(q, k, omega, 1e-4)
+        return perf.causal_favor_attention(phi_q, k_hat, mu, v, 1e-4, chunk)
+
     assert_same_fwd_bwd(lambda *t: run(*t, True), lambda *t: run(*t, False), (q, k, v))
+    assert_same_fwd_bwd(run_stacked, lambda *t: run(*t, False), (q, k, v))
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -15,7 +15,12 @@ import torch
 
 from seqmix import mixers
 from seqmix.mixers.gla import gla_chunk_hierarchical, gla_chunk_reference, gla_recurrent_reference
-from seqmix.mixers.h3 import causal_conv_reference, causal_fft_conv, s4d_kernel
+from seqmix.mixers.h3 import (
+    causal_conv_reference,
+    causal_fft_conv,
+    s4d_kernel,
+    s4d_kernel_from_parameters,
+)
 from seqmix.mixers.mamba import (
     selective_scan_chunked,
     selective_scan_fused,
@@ -214,6 +219,20 @@ def test_selective_scan_chunked_fp32_and_without_D():
     assert_all_close(grads(out, given), grads(ref, given), atol=1e-3, rtol=1e-3)
 
 
+def with_gate(inputs, seed=1):
+    """The inputs plus z (Bt, D, L): the SiLU gate the layer applies inside the scan."""
+    z = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(seed), dtype=inputs[0].dtype)
+    return [*inputs, z.requires_grad_()]
+
+
+def test_selective_scan_chunked_gate_equals_reference():
+    inputs = with_gate(scan_inputs(2, 3, 4, 21))
+    ref = selective_scan_reference(*inputs)
+    out = selective_scan_chunked(*inputs, chunk_size=8)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
+    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-10)
+
+
 # Set by CI (.ci/run): there a fused CPU scan that cannot be built is a failure, not a skip.
 REQUIRE_CPU_EXTENSION_ENV = "SEQMIX_REQUIRE_CPU_EXTENSION"
 
@@ -257,6 +276,14 @@ def test_selective_scan_fused_fp32_and_without_D(fused_scan):
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     given = inputs[:-1]
     assert_all_close(grads(out, given), grads(ref, given), atol=1e-3, rtol=1e-3)
+
+
+def test_selective_scan_fused_gate_equals_reference(fused_scan):
+    inputs = with_gate(scan_inputs(2, 3, 4, 21))
+    ref = selective_scan_reference(*inputs)
+    out = fused_scan(*inputs)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
+    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-10)
 
 
 def test_mamba_layer_takes_the_fused_scan_on_cpu_and_matches_the_eager_one(fused_scan):
@@ -313,6 +340,37 @@ def test_fft_conv_equals_direct_sum(L):
     torch.testing.assert_close(
         causal_fft_conv(u, kernel), causal_conv_reference(u, kernel), atol=1e-12, rtol=0
     )
+
+
+@pytest.mark.parametrize("L", [1, 2, 17])
+def test_fft_conv_backward_and_skip_equal_direct_sum(L):
+    # The hand-written backward (two causal correlations) and the lag-0 skip folded into the
+    # kernel's transform, with the kernel broadcast over batch and one inner dim (as H3's).
+    g = torch.Generator().manual_seed(L)
+    u = torch.randn(2, 3, 4, L, generator=g, dtype=F64).requires_grad_()
+    kernel = torch.randn(3, 1, L, generator=g, dtype=F64).requires_grad_()
+    skip = torch.randn(3, 1, generator=g, dtype=F64).requires_grad_()
+    fast = causal_fft_conv(u, kernel, skip)
+    ref = causal_conv_reference(u, kernel) + skip[..., None] * u
+    torch.testing.assert_close(fast, ref, atol=1e-12, rtol=0)
+    assert_all_close(grads(fast, [u, kernel, skip]), grads(ref, [u, kernel, skip]), atol=1e-12)
+
+
+@pytest.mark.parametrize("L", [1, 2, 10, 37, 64])
+def test_s4d_kernel_from_parameters_equals_the_composition(L):
+    # One autograd node with its backward written out = autograd through _diag_ssm and
+    # s4d_kernel, at parameters moved off their initialisation (every term nonzero).
+    torch.manual_seed(L)
+    m = mixers.build("h3", 6, d_state=8, head_dim=2).to(F64)
+    params = [m.log_dt, m.log_A_real, m.A_imag, m.B, m.C]
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.3 * torch.randn_like(p))
+    fast, ref = s4d_kernel_from_parameters(*params, L), s4d_kernel(*m._diag_ssm(), L)
+    torch.testing.assert_close(fast, ref, atol=1e-12, rtol=0)
+    assert_all_close(grads(fast, params), grads(ref, params), atol=1e-10)
+    if L == 10:
+        assert torch.autograd.gradcheck(lambda *t: s4d_kernel_from_parameters(*t, L), tuple(params))
 
 
 @pytest.mark.parametrize("L", [1, 2, 10, 37, 64])
@@ -527,8 +585,7 @@ def _favor_case(L):
     g = torch.Generator().manual_seed(0)
     omega = perf.gaussian_orthogonal_random_matrix(6, 4, g).float()
     q, k, v = (torch.randn(1, 2, L, 4, generator=g, requires_grad=True) for _ in range(3))
-    k_proj, k_logf = perf.favor_projections(k, omega)
-    out = perf.causal_favor_attention(perf.query_features(q, omega, 1e-4), k_logf, k_proj, v, 1e-4, 8)
+    out = perf.causal_favor_attention(perf.query_features(q, omega, 1e-4), *perf.key_features(k, omega), v, 1e-4, 8)
     return out, (q, k, v)
 
 

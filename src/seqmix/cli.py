@@ -223,6 +223,14 @@ def cmd_bench(args) -> int:
         from seqmix.bench import gpucheck
 
         return gpucheck.run(smoke=args.cpu_smoke, out=Path(args.out) if args.out else None)
+    if args.what == "steps":
+        from seqmix.bench import steps
+
+        if not args.arch or not args.point:
+            raise ConfigError("bench steps needs --arch and --point (each repeatable), e.g. --arch h3 --point wikitext2")
+        print(steps.run(args.baseline, args.arch, args.point, args.batch, args.rounds, args.steps,
+                        progress=not args.quiet))
+        return 0
     from seqmix.bench import kernels
 
     unknown = sorted(set(args.op or ()) - set(kernels.OPS))
@@ -367,14 +375,20 @@ def _add_analyses(sub) -> None:
     sp = _add(sub, "bench", cmd_bench,
               "kernels: Triton kernels vs references, SDPA and fla (GPU; CPU: smoke only); "
               "throughput: training tokens/s of every causal mixer's LM beside softmax (analysis.throughput); "
-              "gpu-check: everything a GPU can tell in 8 minutes, into results/bench/<gpu>/ (make gpu-check)")
-    sp.add_argument("what", choices=["kernels", "throughput", "gpu-check"])
+              "gpu-check: everything a GPU can tell in 8 minutes, into results/bench/<gpu>/ (make gpu-check); "
+              "steps: a paper-shape training step's writes, bytes and CPU time, this checkout beside --baseline")
+    sp.add_argument("what", choices=["kernels", "throughput", "gpu-check", "steps"])
     sp.add_argument("--spec", help="throughput only: the job spec as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--lengths", type=int, nargs="+", default=None,
                     help="L values (kernels: default 256..65536; throughput: analysis.throughput.lengths)")
     sp.add_argument("--out", default=None, help="CSV path (kernels: results/bench/<gpu>/kernels.csv; gpu-check: its directory, results/bench/<gpu>; "
                                                 "throughput: results/analysis/throughput.csv)")
-    sp.add_argument("--batch", type=int, default=4, help="kernels only")
+    sp.add_argument("--batch", type=int, default=4, help="kernels; steps: the CPU-timed batch")
+    sp.add_argument("--baseline", default="main", help="steps only: the git revision to compare with")
+    sp.add_argument("--point", action="append", help="steps only: a task of config/paper.yaml (repeatable; "
+                    "the CPU is timed at the first)")
+    sp.add_argument("--rounds", type=int, default=3, help="steps only: timing rounds (the versions alternate)")
+    sp.add_argument("--steps", type=int, default=1, help="steps only: timed training steps per case and round")
     sp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="kernels only")
     sp.add_argument("--op", action="append", help="kernels only: benchmark only this op (repeatable)")
     sp.add_argument("--case-timeout", type=float, default=60.0,
@@ -385,7 +399,8 @@ def _add_analyses(sub) -> None:
     sp.add_argument("--cpu-smoke", action="store_true",
                     help="gpu-check only: every part at tiny sizes on the CPU (config/gpu-check-smoke.yaml), to "
                          "results/gpu-check-smoke/bench unless --out")
-    sp.add_argument("--arch", action="append", help="throughput only: time only this architecture (repeatable; softmax is added)")
+    sp.add_argument("--arch", action="append", help="throughput: time only this architecture (repeatable; softmax is added); "
+                    "steps: this architecture (repeatable)")
     sp.add_argument("--threads", type=int, default=None, help="throughput only: override analysis.throughput.threads")
     sp.add_argument("--quiet", action="store_true")
 

@@ -121,6 +121,7 @@ class WorkCounter(TorchDispatchMode):
         self.timeline: list[int] | None = [] if timeline else None
         self.bytes_written = 0
         self.ops = 0  # aten ops dispatched: a Python loop over chunks makes it grow with L
+        self.writes = 0  # ops that wrote bytes: on a GPU each is at least one kernel launch (views none)
         self.live = 0
         self.peak = 0
         self._alive: dict[int, int] = {}  # storage key -> bytes, for storages allocated here
@@ -143,6 +144,7 @@ class WorkCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self.ops += 1
+        before = self.bytes_written
         schema = func._schema
         # In-place and out= ops write into an argument (its alias_info is a write).
         for arg, value in zip(schema.arguments, args):
@@ -164,6 +166,7 @@ class WorkCounter(TorchDispatchMode):
                 continue
             self.bytes_written += t.numel() * t.element_size()
             self._allocated(t)
+        self.writes += self.bytes_written > before
         return out
 
     def close(self) -> None:
@@ -174,8 +177,9 @@ class WorkCounter(TorchDispatchMode):
 
 
 class Count:
-    """``with Count() as c:``: FLOPs, bytes written, live and peak bytes and aten ops of what
-    runs inside, readable during the block (so far) and after it."""
+    """``with Count() as c:``: FLOPs, bytes written, live and peak bytes, aten ops and the ops
+    among them that wrote (``writes``) of what runs inside, readable during the block (so
+    far) and after it."""
 
     def __init__(self, timeline: bool = False):
         self._timeline = timeline
@@ -215,6 +219,10 @@ class Count:
     @property
     def ops(self) -> int:
         return self._work.ops
+
+    @property
+    def writes(self) -> int:
+        return self._work.writes
 
     @property
     def timeline(self) -> list[int] | None:

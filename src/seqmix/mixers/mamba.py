@@ -11,8 +11,12 @@ Per channel d of the inner width D = expand · d_model and state index n ≤ N:
     y_t    = C_t · h_t + D ⊙ x_t;   out = out_proj(y ⊙ SiLU(z))
 
 ``selective_scan_reference`` is mamba_ssm's ``selective_scan_ref`` (the sequential
-definition, one Python step per token; Δ already includes b_Δ and softplus). ``forward``
-takes one of two fast forms of it:
+definition, one Python step per token; Δ already includes b_Δ and softplus; D u and the
+SiLU(z) gate are applied inside, as mamba_ssm's scans do). ``forward`` takes one of three
+fast forms of it (``seqmix.mixers.dispatch``):
+
+``seqmix.kernels.selective_scan``, for CUDA tensors: the Triton scan (forward and backward,
+states recomputed in the backward from per-chunk checkpoints, as mamba_ssm's CUDA kernel).
 
 ``selective_scan_fused``, for CPU tensors: one C++ loop per sequence
 (``seqmix.kernels.selective_scan_cpu``, compiled at first use), about 5× faster than the
@@ -29,7 +33,7 @@ overflows however strong the decay (no exp(-Σ Δ A) factor as in a cumulative-s
 The backward runs the adjoint λ_t = C_t gy_tᵀ + a_{t+1} λ_{t+1} the same way in reverse and
 accumulates the gradients of x, Δ, A, B and C inside its loop; only exp(Δ A) and h are
 kept from the forward. Time and memory O(L D N): linear in L. Without a fused kernel the
-(L, B, N, D) states are materialised; mamba_ssm's CUDA scan avoids that.
+(L, B, N, D) states are materialised; the fused kernels avoid that.
 
 Initialisation (mamba_simple.py, re-applied by ``reset_mixer_parameters`` after the LM's
 GPT-2 init): A_log = log(1..N) per channel, D = 1, dt_proj weight U(±dt_rank^-1/2),
@@ -98,16 +102,18 @@ def selective_scan_reference(
     A: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
-    D: torch.Tensor | None,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The selective scan, one step per token (mamba_ssm ``selective_scan_ref``).
 
     u, delta: (Bt, D, L) (delta > 0, after bias and softplus); A: (D, N); B, C: (Bt, N, L);
-    D: (D,) or None. Returns y: (Bt, D, L) with h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t u_t,
-    y_t = C_t · h_t + D u_t. Computed in fp32 (fp64 for fp64 inputs), returned in u's dtype.
+    D: (D,) or None; z: (Bt, D, L) or None. Returns (Bt, D, L): y with h_t = exp(Δ_t A) h_{t-1}
+    + Δ_t B_t u_t, y_t = C_t · h_t + D u_t, times SiLU(z) when z is given. Computed in fp32
+    (fp64 for fp64 inputs), returned in u's dtype.
     """
     out_dtype = u.dtype
-    u, delta, A, B, C, D = _at_least_fp32(u, delta, A, B, C, D)
+    u, delta, A, B, C, D, z = _at_least_fp32(u, delta, A, B, C, D, z)
     deltaA = torch.exp(torch.einsum("bdl,dn->bdln", delta, A))
     deltaB_u = torch.einsum("bdl,bnl,bdl->bdln", delta, B, u)
     h = u.new_zeros(u.shape[0], A.shape[0], A.shape[1])
@@ -116,7 +122,13 @@ def selective_scan_reference(
         h = a_t * h + b_t
         ys.append(torch.einsum("bdn,bn->bd", h, c_t))
     y = torch.stack(ys, dim=2)
-    return (y if D is None else y + u * D[:, None]).to(out_dtype)
+    return _skip_and_gate(y, u, D, z).to(out_dtype)
+
+
+def _skip_and_gate(y, u, D, z):
+    """y + D u, times SiLU(z): the parts of the output outside the recurrence."""
+    y = y if D is None else y + u * D[:, None]
+    return y if z is None else y * F.silu(z)
 
 
 def selective_scan_chunked(
@@ -125,17 +137,18 @@ def selective_scan_chunked(
     A: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
-    D: torch.Tensor | None,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
     chunk_size: int = MambaOptions.chunk_size,
 ) -> torch.Tensor:
     """``selective_scan_reference`` by the fused chunked scan; same arguments and result."""
     out_dtype = u.dtype
-    u, delta, A, B, C, D = _at_least_fp32(u, delta, A, B, C, D)
+    u, delta, A, B, C, D, z = _at_least_fp32(u, delta, A, B, C, D, z)
     time_major = lambda t: t.permute(2, 0, 1)  # noqa: E731  (Bt, ·, L) -> (L, Bt, ·)
     x = time_major(delta * u)
     y = _SelectiveScan.apply(x, time_major(delta), A, time_major(B), time_major(C), chunk_size)
     y = y.permute(1, 2, 0)  # (Bt, D, L)
-    return (y if D is None else y + u * D[:, None]).to(out_dtype)
+    return _skip_and_gate(y, u, D, z).to(out_dtype)
 
 
 def selective_scan_fused(
@@ -144,18 +157,18 @@ def selective_scan_fused(
     A: torch.Tensor,
     B: torch.Tensor,
     C: torch.Tensor,
-    D: torch.Tensor | None,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``selective_scan_reference`` by the fused C++ loop for CPU tensors
     (``seqmix.kernels.selective_scan_cpu``); same arguments and result."""
     from seqmix.kernels.selective_scan_cpu import selective_scan_cpu
 
     out_dtype = u.dtype
-    u, delta, A, B, C, D = _at_least_fp32(u, delta, A, B, C, D)
-    u, delta, B, C = (t.transpose(1, 2) for t in (u, delta, B, C))  # (Bt, L, ·)
-    y = selective_scan_cpu(delta * u, delta, A, B, C)
-    y = y if D is None else y + u * D
-    return y.transpose(1, 2).to(out_dtype)
+    u, delta, A, B, C, D, z = _at_least_fp32(u, delta, A, B, C, D, z)
+    x, dt, B_tm, C_tm = (t.transpose(1, 2) for t in (delta * u, delta, B, C))  # the op is time-major: (Bt, L, ·)
+    y = selective_scan_cpu(x, dt, A, B_tm, C_tm).transpose(1, 2)
+    return _skip_and_gate(y, u, D, z).to(out_dtype)
 
 
 def _fused_scan_builds() -> bool:
@@ -164,11 +177,19 @@ def _fused_scan_builds() -> bool:
     return selective_scan_cpu.available()
 
 
-def _fused_scan(u, delta, A, B, C, D, chunk_size: int) -> torch.Tensor:
-    return selective_scan_fused(u, delta, A, B, C, D)  # one loop per sequence: no chunks
+def _fused_scan(u, delta, A, B, C, D, z, chunk_size: int) -> torch.Tensor:
+    return selective_scan_fused(u, delta, A, B, C, D, z)  # one loop per sequence: no chunks
 
 
-# For CPU tensors where the C++ op builds; same arguments as selective_scan_chunked.
+def _triton_scan(u, delta, A, B, C, D, z, chunk_size: int) -> torch.Tensor:
+    from seqmix.kernels.selective_scan import selective_scan
+
+    return selective_scan(u, delta, A, B, C, D, z)  # chunks of its own tile size
+
+
+# Same arguments as selective_scan_chunked: the Triton scan for CUDA tensors, the C++ op for
+# CPU tensors where it builds.
+TRITON = dispatch.triton_path(_triton_scan)
 FUSED_CPU = dispatch.fused_cpu_path(_fused_scan, _fused_scan_builds)
 
 
@@ -333,9 +354,10 @@ class Mamba(Mixer):
         x = F.silu(self.conv1d(x.transpose(1, 2))[..., :L])  # causal: left padding only
         delta, B, C = self._ssm_params(x.transpose(1, 2))  # (Bt, L, ·)
         A = -torch.exp(self.A_log)
-        args = (x, delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), self.D, self.options.chunk_size)
-        y = dispatch.call("mamba", args, selective_scan_chunked, FUSED_CPU)  # (Bt, D, L)
-        return self.out_proj(y.transpose(1, 2) * F.silu(z))
+        args = (x, delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), self.D, z.transpose(1, 2),
+                self.options.chunk_size)
+        y = dispatch.call("mamba", args, selective_scan_chunked, TRITON, FUSED_CPU)  # (Bt, D, L), gated
+        return self.out_proj(y.transpose(1, 2))
 
     # Recurrent form: the last d_conv conv inputs and the SSM state.
     def init_state(self, batch, device, dtype):

@@ -28,7 +28,10 @@ lets the last key change the first query's output; here:
 
 Because of that rescaling the causal prefix sum is its own chunked function
 (``causal_favor_attention``) instead of ``linear.causal_linear_attention`` (whose features
-do not depend on the query position); the non-causal form shares ``linear``'s core.
+do not depend on the query position); the non-causal form shares ``linear``'s core. The
+causal forward computes the features of q and k in one pass (``favor_features``) and the
+numerator and denominator together; it writes no (L, m)-sized tensor beyond the features
+and loops over no chunks (on a GPU each small op is a kernel launch).
 ``favor_attention_reference`` is the dense form both fast paths must equal.
 The stabilisers are not detached (the reference detaches them): with eps > 0 they change
 the output slightly, so detaching them would make the gradient inexact by O(eps).
@@ -45,6 +48,7 @@ import torch.nn.functional as F
 
 from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 from seqmix.mixers.linear import noncausal_linear_attention
+from seqmix.mixers.scan import linear_scan
 
 
 @dataclasses.dataclass
@@ -134,79 +138,109 @@ def favor_attention_reference(
     return (A @ v) / A.sum(-1, keepdim=True)
 
 
+def favor_features(q: torch.Tensor, k: torch.Tensor, omega: torch.Tensor, eps: float):
+    """The fast path's features of q and k at once: φ(q) up to its factor m^(-1/2) (which
+    cancels between numerator and denominator), and the keys' k̂ = exp(x(k) − μ) ≤ 1 with
+    μ = max_i ω_iᵀk' (``causal_favor_attention``'s inputs). q and k are stacked so that the
+    projection, the maxima and the exp are one op each for both, and the shifts
+    ‖u'‖²/2 + max are added to the small (…, 1) tensors, not to the (…, m) projections.
+    q, k: (B, H, L, d); ω: (m, d) -> φ(q)·m^(1/2), k̂: (B, H, L, m); μ: (B, H, L)."""
+    scale = q.shape[-1] ** -0.25
+    u = torch.stack([q, k])  # (2, B, H, L, d)
+    proj = u @ (omega * scale).T  # ω_iᵀu'
+    top = proj.amax(dim=-1, keepdim=True)  # c (queries) and μ (keys)
+    # + (−shift), not − shift: the backward of a broadcast subtraction negates the full-size
+    # gradient before reducing it; unbind, not indexing, whose backward zero-fills per part.
+    q_feats, k_hat = torch.exp(proj + -(top + 0.5 * scale**2 * u.square().sum(-1, keepdim=True))).unbind(0)
+    return q_feats + eps, k_hat, top.unbind(0)[1][..., 0]
+
+
+def key_features(k: torch.Tensor, omega: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k̂ = exp(x(k) − μ) and μ of the keys alone (``favor_features``)."""
+    k_proj, k_logf = favor_projections(k, omega)
+    mu = k_proj.amax(dim=-1)
+    return torch.exp(k_logf - mu[..., None]), mu
+
+
 def causal_favor_attention(
-    phi_q: torch.Tensor, k_logf: torch.Tensor, k_proj: torch.Tensor, v: torch.Tensor,
+    phi_q: torch.Tensor, k_hat: torch.Tensor, mu: torch.Tensor, v: torch.Tensor,
     eps: float, chunk_size: int = 64,
 ) -> torch.Tensor:
     """Causal FAVOR+ with the running-max key stabiliser, chunked: O(L) time and memory.
 
-    Inputs as ``favor_attention_reference``. With μ_j = max_i ω_iᵀk'_j, M_t = max_{j≤t} μ_j
-    and k̂_j = exp(x(k_j) − μ_j) ≤ 1, key j seen from query t is
-    m^(-1/2)(k̂_j e^{μ_j − M_t} + eps): every exponent is ≤ 0 (no overflow). Within a chunk
-    the C × C weights are formed directly; across chunks the state Σ k̂_j e^{μ_j − M} v_jᵀ is
-    carried with M = the running max at the chunk's end and rescaled when M grows.
-    The eps part of the features adds eps·Σ_i φ(q_t)_i · (Σ_{j≤t} v_j, t+1): prefix sums.
+    phi_q: (B, H, L, m) query features (any positive factor common to all of them cancels);
+    k_hat = exp(x(k) − μ) ≤ 1: (B, H, L, m) and μ: (B, H, L) (``key_features``); v: (B, H,
+    L, Dv). Equals ``favor_attention_reference`` on the same queries and keys. With
+    M_t = max_{j≤t} μ_j, key j seen from query t is m^(-1/2)(k̂_j e^{μ_j − M_t} + eps): every
+    exponent is ≤ 0 (no overflow). Numerator and denominator are computed together, as the
+    two parts of [v, 1]. Within a chunk the C × C weights are formed directly; the states of
+    the earlier chunks, Σ k̂_j e^{μ_j − M} [v_j, 1]ᵀ with M = the running max at their chunk's
+    end, are added up for every chunk at once by one product with the (N × N) matrix of
+    rescalings e^{M_end(j) − M_end(n−1)} ≤ 1 (no loop over chunks), and rescaled to each
+    query's own M_t. The eps part of the features adds eps·Σ_i φ(q_t)_i · (Σ_{j≤t} v_j, t+1):
+    prefix sums.
     """
-    B, H, L, m = phi_q.shape
-    Dv = v.shape[-1]
-    mu = k_proj.amax(dim=-1)  # (B, H, L)
-    k_hat = torch.exp(k_logf - mu[..., None])  # (B, H, L, m), ≤ 1
+    B, H, L, _ = phi_q.shape
+    v1 = F.pad(v, (0, 1), value=1.0)  # [v, 1]: numerator, denominator
     C = min(chunk_size, L)
     pad = (-L) % C
     if pad:  # padded keys get weight e^{-inf} = 0; the padded queries are dropped at the end
-        phi_q, k_hat, v = (F.pad(t, (0, 0, 0, pad)) for t in (phi_q, k_hat, v))
+        phi_q, k_hat, v1 = (F.pad(t, (0, 0, 0, pad)) for t in (phi_q, k_hat, v1))
         mu = F.pad(mu, (0, pad), value=-math.inf)
     N = (L + pad) // C
     M = mu.cummax(dim=-1).values  # (B, H, L')
-
-    q_c = phi_q.reshape(B, H, N, C, m)
-    k_c = k_hat.reshape(B, H, N, C, m)
-    v_c = v.reshape(B, H, N, C, Dv)
-    mu_c = mu.reshape(B, H, N, C)
-    M_c = M.reshape(B, H, N, C)
+    q_c, k_c, v_c = (t.reshape(B, H, N, C, t.shape[-1]) for t in (phi_q, k_hat, v1))
+    mu_c, M_c = mu.reshape(B, H, N, C), M.reshape(B, H, N, C)
 
     # Within a chunk: W_tj = (φq_t · k̂_j) e^{μ_j − M_t} for j ≤ t (exponent ≤ 0 there).
-    causal = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
-    decay = torch.exp((mu_c[..., None, :] - M_c[..., :, None]).masked_fill(~causal, -math.inf))
-    W = (q_c @ k_c.transpose(-1, -2)) * decay  # (B, H, N, C, C)
-    num = W @ v_c
-    den = W.sum(-1, keepdim=True)
-
+    decay = torch.exp((mu_c[..., None, :] - M_c[..., :, None]).masked_fill(_above(C, 0, v.device), -math.inf))
+    out = ((q_c @ k_c.transpose(-1, -2)) * decay) @ v_c  # (B, H, N, C, Dv + 1)
     if N > 1:  # one chunk (L ≤ C) has no earlier state to read
-        S, z, carry = _chunk_states(k_c, v_c, mu_c, M_c)
-        num = num + carry * (q_c @ S)
-        den = den + carry * (q_c * z[..., None, :]).sum(-1, keepdim=True)
+        out = out + _earlier_chunks(q_c, k_c, v_c, mu_c, M_c)
 
     # The eps floor of every key feature: eps·Σ_i φ(q_t)_i times (Σ_{j≤t} v_j, t+1).
-    qsum = phi_q.sum(-1, keepdim=True)  # (B, H, L', 1)
-    count = torch.arange(1, L + pad + 1, device=v.device, dtype=v.dtype)[:, None]
-    num = num.reshape(B, H, N * C, Dv) + eps * qsum * v.cumsum(dim=-2)
-    den = den.reshape(B, H, N * C, 1) + eps * qsum * count
+    out = torch.addcmul(out.reshape(B, H, N * C, -1), eps * phi_q.sum(-1, keepdim=True), v1.cumsum(dim=-2))
     # Drop the padded queries before dividing (their 0/0 would poison the gradient). The
     # common factor m^(-1/2) of the key features cancels.
-    return num[:, :, :L] / den[:, :, :L]
+    num, den = out[:, :, :L].split([v.shape[-1], 1], dim=-1)  # split: its backward is one cat
+    return num / den
+
+
+def _above(n: int, diagonal: int, device: torch.device) -> torch.Tensor:
+    """(n, n) bool: True above the ``diagonal``-th diagonal (the entries a causal product masks)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).triu(diagonal + 1)
 
 
 def _chunk_states(k_c: torch.Tensor, v_c: torch.Tensor, mu_c: torch.Tensor, M_c: torch.Tensor):
-    """The states entering every chunk of ``causal_favor_attention``: S_n = Σ k̂_j e^{μ_j − M} v_jᵀ
-    and z_n = Σ k̂_j e^{μ_j − M} over the keys of chunks < n, stabilised by M = the running
-    max at the end of chunk n−1, and ``carry`` = e^{M_{n−1,end} − M_t} that rescales them to
-    each query's own M_t (0 for chunk 0). (B, H, N, m, Dv), (B, H, N, m), (B, H, N, C, 1)."""
+    """The state entering every chunk of ``causal_favor_attention``, S_n = Σ k̂_j e^{μ_j − M} [v_j, 1]ᵀ
+    over the keys of chunks < n, stabilised by M = the running max at the end of chunk n−1,
+    and ``carry`` = e^{M_{n−1,end} − M_t} that rescales it to each query's own M_t (0 for
+    chunk 0): (B, H, N, m, Dv + 1) and (B, H, N, C, 1).
+
+    The chunks' own sums are carried across chunks without a Python step per chunk (each a
+    few kernel launches on a GPU): while there are at most C chunks, by one product with the
+    (N × N) matrix of rescalings e^{M_end(j) − M_end(n−1)} ≤ 1, j < n (N² ≤ N·C: no more work
+    than the sums themselves); beyond, by ``linear_scan`` (linear in N)."""
     M_end = M_c[..., -1]  # (B, H, N)
     w_end = torch.exp(mu_c - M_end[..., None])  # (B, H, N, C), ≤ 1
-    kv = (k_c * w_end[..., None]).transpose(-1, -2) @ v_c  # (B, H, N, m, Dv)
-    ks = (k_c * w_end[..., None]).sum(-2)  # (B, H, N, m)
-    M_prev = torch.cat([torch.full_like(M_end[..., :1], -math.inf), M_end[..., :-1]], dim=-1)
-    scale = torch.exp(M_prev - M_end)  # (B, H, N), ≤ 1: rescales the state when M grows
-    # unbind, not kv[:, :, n] in the loop: indexing one chunk per step makes autograd
-    # zero-fill a gradient of kv's full size at every step, O(L²/C) in backward.
-    kv_n, ks_n, scale_n = kv.unbind(2), ks.unbind(2), scale.unbind(2)
-    S, z = [torch.zeros_like(kv_n[0])], [torch.zeros_like(ks_n[0])]
-    for n in range(1, len(kv_n)):  # N = L/C steps on (m, Dv) states
-        S.append(S[-1] * scale_n[n - 1][..., None, None] + kv_n[n - 1])
-        z.append(z[-1] * scale_n[n - 1][..., None] + ks_n[n - 1])
+    kv = k_c.transpose(-1, -2) @ (v_c * w_end[..., None])  # each chunk's own sum: (B, H, N, m, Dv + 1)
+    M_prev = F.pad(M_end[..., :-1], (1, 0), value=-math.inf)
+    N, C = mu_c.shape[-2:]
+    if N <= C:  # [n, j]: j < n
+        rescale = torch.exp((M_end[..., None, :] - M_prev[..., :, None]).masked_fill(_above(N, -1, kv.device), -math.inf))
+        S = (rescale @ kv.flatten(-2)).view_as(kv)
+    else:  # S_after(n) = e^{M_end(n−1) − M_end(n)} S_after(n−1) + kv_n; S_n = S_after(n−1)
+        decay = torch.exp(M_prev - M_end)[..., None, None].expand_as(kv)  # 0 at n = 0
+        after = linear_scan(decay.permute(2, 0, 1, 3, 4), kv.permute(2, 0, 1, 3, 4), C).permute(1, 2, 0, 3, 4)
+        S = F.pad(after[:, :, :-1], (0, 0, 0, 0, 1, 0))
     carry = torch.exp(M_prev[..., None] - M_c)[..., None]  # (B, H, N, C, 1), 0 for chunk 0
-    return torch.stack(S, dim=2), torch.stack(z, dim=2), carry
+    return S, carry
+
+
+def _earlier_chunks(q_c, k_c, v_c, mu_c, M_c) -> torch.Tensor:
+    """What the keys of the earlier chunks add to [numerator, denominator]: (B, H, N, C, Dv + 1)."""
+    S, carry = _chunk_states(k_c, v_c, mu_c, M_c)
+    return carry * (q_c @ S)
 
 
 class Performer(HeadProjections, Mixer):
@@ -257,10 +291,12 @@ class Performer(HeadProjections, Mixer):
             self._calls += 1
             self.calls.fill_(self._calls)
         B, L, D = x.shape
-        phi_q, k_logf, k_proj, v = self._favor_inputs(x)
         if self.causal:
-            y = causal_favor_attention(phi_q, k_logf, k_proj, v, o.eps, o.chunk_size)
+            q, k, v = self._heads(x)
+            phi_q, k_hat, mu = favor_features(q, k, self.omega.to(x.dtype), o.eps)
+            y = causal_favor_attention(phi_q, k_hat, mu, v, o.eps, o.chunk_size)
         else:
+            phi_q, k_logf, k_proj, v = self._favor_inputs(x)
             c = k_proj.amax(dim=(-1, -2), keepdim=True)
             phi_k = self.nb_features**-0.5 * (torch.exp(k_logf - c) + o.eps)
             y = noncausal_linear_attention(phi_q, phi_k, v, eps=0.0)  # the reference adds none
