@@ -29,6 +29,7 @@ help:
 	@echo "make gpu-check    on a GPU: kernels, kernel bench, step times, a training run -> results/bench/<gpu>/ (<= 8 min)"
 	@echo "make gpu-wheels   the wheels gpu-check installs on a GPU machine without a package registry (.gpu-wheels/)"
 	@echo "make test         run the test suite"
+	@echo "make kernels-compile-check  compile every Triton kernel for sm_80/sm_90 with Triton 3.6.0 (no GPU)"
 	@echo "make lint         ruff check and snakemake --lint"
 
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -96,3 +97,20 @@ lint: install
 
 clean:
 	rm -rf results/runs results/analysis results/summary results/notebooks results/logs paper/figures paper/tables paper/report.pdf paper/report.html
+
+# `make kernels-compile`: every Triton kernel compiled for sm_80 and sm_90 at every launch of both
+# profiles, `bench kernels` and the kernel tests, with the pinned Triton (no GPU needed; the
+# slow test of tests/test_kernel_compile.py). `make kernels-compile-check [TRITON=3.6.0]`: the same
+# with another Triton, installed alone into .triton-$(TRITON) (torch stays this venv's); 3.6.0
+# is the oldest supported (torch 2.11's, the H100 image's). Tables: results/kernels-compile/.
+TRITON ?= 3.6.0
+JOBS ?= 2
+.PHONY: kernels-compile kernels-compile-check
+kernels-compile: install
+	env -u TRITON_INTERPRET python -m seqmix.kernels.compile_check --jobs $(JOBS) \
+		--json results/kernels-compile/triton-pinned.json
+
+kernels-compile-check: install
+	@[ -f .triton-$(TRITON)/.installed ] || { python -m pip install -q --no-deps --target .triton-$(TRITON) triton==$(TRITON) && touch .triton-$(TRITON)/.installed; }
+	env -u TRITON_INTERPRET PYTHONPATH=$(abspath .triton-$(TRITON)) python -m seqmix.kernels.compile_check \
+		--jobs $(JOBS) --json results/kernels-compile/triton-$(TRITON).json

@@ -46,6 +46,12 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee"
 
 
+# Set by ``seqmix.kernels.compile_check`` while it records launches for compilation: the
+# tensors are then fake CPU tensors, nothing runs, and the host code must take the branch it
+# takes on a GPU (its tiles, its device check) on a GPU of ``_RECORDING["sms"]`` SMs.
+_RECORDING: dict[str, int] = {}
+
+
 @functools.lru_cache(maxsize=8)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -53,6 +59,8 @@ def _sm_count(index: int) -> int:
 
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors on ``device`` (a nominal 4 on the CPU interpreter)."""
+    if _RECORDING:
+        return _RECORDING["sms"]
     if device.type != "cuda":
         return 4
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
@@ -64,7 +72,7 @@ def check_same_device(kernel, *tensors: torch.Tensor | None) -> torch.device:
     if len(devs) != 1:
         raise ValueError(f"kernel inputs must be on one device, got {sorted(map(str, devs))}")
     dev = devs.pop()
-    if dev.type != "cuda" and not interpreted(kernel):
+    if dev.type != "cuda" and not interpreted(kernel) and not _RECORDING:
         raise RuntimeError(
             f"Triton kernels need CUDA tensors (got {dev}); on the CPU set TRITON_INTERPRET=1 "
             "before importing seqmix.kernels, or call the PyTorch reference"

@@ -58,6 +58,17 @@ def _softmax_heads(logit, tok, hh, H):
 
 
 @triton.jit
+def _token_cumsum(x, cc, P_PAD: tl.constexpr, REVERSE: tl.constexpr):
+    """Prefix (or suffix) sums over tokens (axis 1) of a per-(head, token) (H_PAD, BT, 1)
+    value, scanned as a full (H_PAD, BT, P_PAD) tile and read back from column 0 (exact: the
+    other columns add zeros). Triton 3.6 fails to lower a scan of the thin tile at some
+    shapes (ScanOpToLLVM.cpp assertion, issue 24); the full tile's scan lowers everywhere."""
+    full = x + tl.zeros([1, 1, P_PAD], dtype=tl.float32)
+    scanned = tl.cumsum(full, axis=1, reverse=REVERSE)
+    return tl.sum(tl.where(cc == 0, scanned, 0.0), axis=2, keep_dims=True)
+
+
+@triton.jit
 def _causal_fwd_kernel(
     w_ptr, temp_ptr, bias_ptr, y_ptr, ca_ptr, cm_ptr, cz_ptr,
     H, L, P, LMAX, NB,
@@ -84,7 +95,7 @@ def _causal_fwd_kernel(
             s += P * tl.load(bias_ptr + hh * LMAX + t, mask=tok, other=0.0).to(tl.float32)
         pi = _softmax_heads(temp * s, tok, hh, H)
         M = tl.cumsum(pi * w2, axis=1) + carry_m
-        Z = tl.cumsum(pi, axis=1) + carry_z + 1e-8
+        Z = _token_cumsum(pi, cc, P_PAD, False) + carry_z + 1e-8
         y = -pi * w / (1.0 + M / Z)
         tl.store(y_ptr + base + (hh * L + t) * P + cc, y.to(y_ptr.dtype.element_ty), mask=m)
         carry_a += tl.sum(w2, axis=1, keep_dims=True)
@@ -121,7 +132,7 @@ def _causal_bwd_kernel(
             s += P * tl.load(bias_ptr + hh * LMAX + t, mask=tok, other=0.0).to(tl.float32)
         pi = _softmax_heads(temp * s, tok, hh, H)
         M = tl.cumsum(pi * w2, axis=1) + tl.load(cm_ptr + (cbase + hh) * P + cc, mask=hc, other=0.0)
-        Z = tl.cumsum(pi, axis=1) + tl.load(cz_ptr + cbase + hh, mask=hh < H, other=0.0) + 1e-8
+        Z = _token_cumsum(pi, cc, P_PAD, False) + tl.load(cz_ptr + cbase + hh, mask=hh < H, other=0.0) + 1e-8
         R = 1.0 / (1.0 + M / Z)
         # y = -Π w R
         dpi = -tl.sum(dy * w * R, axis=2, keep_dims=True)
@@ -129,7 +140,7 @@ def _causal_bwd_kernel(
         dM = E / Z
         dZ = -tl.sum(E * M, axis=2, keep_dims=True) / (Z * Z)
         RM = tl.cumsum(dM, axis=1, reverse=True) + carry_rm  # Σ_{t ≥ s} dM_t
-        RZ = tl.cumsum(dZ, axis=1, reverse=True) + carry_rz
+        RZ = _token_cumsum(dZ, cc, P_PAD, True) + carry_rz
         dpi += tl.sum(w2 * RM, axis=2, keep_dims=True) + RZ
         # softmax over heads, then logit = temp · s
         dlogit = pi * (dpi - tl.sum(pi * dpi, axis=0, keep_dims=True))

@@ -1,0 +1,108 @@
+"""Every Triton kernel compiles for sm_80 and sm_90 at every launch the quick and paper
+profiles, ``bench kernels`` and the kernel tests make (issue 24), on a machine without a GPU:
+``seqmix.kernels.compile_check``. Both sweeps are slow-marked, left out of CI: on the shared
+2-core machine the ToST subset took 17 min with Triton 3.6.0, and recording the full sweep's
+3,786 launches alone 9 min. ``make kernels-compile`` runs the full check with the pinned Triton,
+``make kernels-compile-check`` with the oldest supported one (3.6.0, torch 2.11's).
+
+The check runs in a subprocess: the kernels must be defined outside the Triton interpreter,
+which tests/test_kernels.py switches on for the whole pytest process when it is collected.
+A kernel is added to the check by an entry in ``compile_check.KERNELS`` (see there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+JOBS = max(1, min(2, os.cpu_count() or 1))  # CI's machine has 2 cores
+
+
+def _run(args: list[str], cwd=None, timeout: int = 3000) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _check(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """The check's exit and its JSON report; a kernel that fails to compile is named with the
+    compiler's first error lines."""
+    out = tmp_path / "compile.json"
+    proc = _run(["-m", "seqmix.kernels.compile_check", "--json", str(out), "--jobs", str(JOBS), *args])
+    print(proc.stdout)  # the table (pytest -s, or on failure)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    failed = [f"{r['kernel']} [{r['specialisation']}] ({r['origins'][0]}): "
+              + "; ".join(f"sm_{a} {r.get(f'sm_{a}')}" for a in report["archs"] if r.get(f"sm_{a}") != "ok")
+              for r in report["rows"] if any(r.get(f"sm_{a}") != "ok" for a in report["archs"])]
+    assert not failed, f"Triton {report['triton']}:\n" + "\n".join(failed)
+    assert not report["problems"], "\n".join(report["problems"])
+    assert report["archs"] == [80, 90]
+    assert proc.returncode == 0
+    return proc, report
+
+
+@pytest.mark.slow
+def test_tssa_kernels_compile_at_the_bench_launches(tmp_path):
+    """ToST's kernels at ``bench kernels``'s launches (4 heads of 64, bf16/fp16/fp32, L 1 to
+    65,536, forward and backward): with Triton 3.6.0 the causal backward's scans failed to
+    lower here (ScanOpToLLVM.cpp assertion) before kernels/tssa.py scanned full tiles."""
+    _, report = _check(tmp_path, "--kernel", "tssa", "--source", "bench", "tests")
+    kernels = {r["kernel"] for r in report["rows"]}
+    assert {"tssa._causal_fwd_kernel", "tssa._causal_bwd_kernel"} <= kernels, kernels
+    assert any("H_PAD=4 P_PAD=64 BT=32" in r["specialisation"] and "L=1 " in r["specialisation"]
+               for r in report["rows"]), "the bench's L = 1 launch (an argument equal to 1) is compiled"
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_for_sm80_and_sm90_at_every_launch(tmp_path):
+    from seqmix.kernels import compile_check
+
+    _, report = _check(tmp_path)
+    rows = report["rows"]
+    # the cases reach every kernel module from every source that uses it
+    for name in compile_check.KERNELS:
+        origins = {o.split()[0] for r in rows if r["kernel"].startswith(f"{name}.") for o in r["origins"]}
+        assert {"config", "paper", "bench", "tests"} <= origins, (name, origins)
+
+
+def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_does_not_compile(tmp_path):
+    """A launch's integer argument equal to 1 becomes a constant and a multiple of 16 gets
+    ``%16``, as Triton's JIT derives them; a kernel that fails to compile is a failed row
+    with the compiler's message, not an exception."""
+    (tmp_path / "badkernel.py").write_text(textwrap.dedent('''
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def kernel(x_ptr, n, m, K: tl.constexpr):
+            tl.static_assert(K >= 16, "this kernel needs K >= 16")
+            a = tl.load(x_ptr + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :])
+            tl.store(x_ptr + tl.arange(0, K)[:, None] * K + tl.arange(0, K)[None, :] + n + m, tl.dot(a, a))
+    '''))
+    script = textwrap.dedent('''
+        import json, torch, badkernel
+        from seqmix.kernels import compile_check as cc
+        from seqmix.kernels import _common
+        x = torch.empty(64, dtype=torch.float32)
+        launch = cc.Launch(badkernel.kernel, (cc._Pointer(x), 1, 32), {"K": K}, ["here"])
+        (data, (kernel, origins)), = cc.specialise(90, [launch]).items()
+        print(json.dumps([cc.describe(data)[1], cc.compile_one(90, "badkernel:kernel", data)[0]]))
+    ''')
+    got = {}
+    for k in (8, 16):  # K = 8 does not compile
+        proc = _run(["-c", f"K = {k}\n" + script], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got[k] = json.loads(proc.stdout.strip().splitlines()[-1])
+    spec, status = got[16]
+    assert spec.startswith("x_ptr:*fp32%16 n=1 m:i32%16 K=16"), spec
+    assert status == "ok"
+    spec, status = got[8]
+    assert status.startswith("failed: ") and "this kernel needs K >= 16" in status, status
