@@ -107,10 +107,10 @@ TRITON ?= 3.6.0
 JOBS ?= 2
 .PHONY: kernels-compile kernels-compile-check
 kernels-compile: install
-	env -u TRITON_INTERPRET python -m seqmix.kernels.compile_check --jobs $(JOBS) \
+	env -u TRITON_INTERPRET python -m seqmix.bench.compile_check --jobs $(JOBS) \
 		--json results/kernels-compile/triton-pinned.json
 
 kernels-compile-check: install
 	@[ -f .triton-$(TRITON)/.installed ] || { python -m pip install -q --no-deps --target .triton-$(TRITON) triton==$(TRITON) && touch .triton-$(TRITON)/.installed; }
-	env -u TRITON_INTERPRET PYTHONPATH=$(abspath .triton-$(TRITON)) python -m seqmix.kernels.compile_check \
+	env -u TRITON_INTERPRET PYTHONPATH=$(abspath .triton-$(TRITON)) python -m seqmix.bench.compile_check \
 		--jobs $(JOBS) --json results/kernels-compile/triton-$(TRITON).json

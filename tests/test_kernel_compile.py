@@ -1,6 +1,6 @@
 """Every Triton kernel compiles for sm_80 and sm_90 at every launch the quick and paper
 profiles, ``bench kernels`` and the kernel tests make (issue 24), on a machine without a GPU:
-``seqmix.kernels.compile_check``. Both sweeps are slow-marked, left out of CI: on the shared
+``seqmix.bench.compile_check``. Both sweeps are slow-marked, left out of CI: on the shared
 2-core machine the ToST subset took 17 min with Triton 3.6.0, and recording the full sweep's
 3,786 launches alone 9 min. ``make kernels-compile`` runs the full check with the pinned Triton,
 ``make kernels-compile-check`` with the oldest supported one (3.6.0, torch 2.11's).
@@ -35,7 +35,7 @@ def _check(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     """The check's exit and its JSON report; a kernel that fails to compile is named with the
     compiler's first error lines."""
     out = tmp_path / "compile.json"
-    proc = _run(["-m", "seqmix.kernels.compile_check", "--json", str(out), "--jobs", str(JOBS), *args])
+    proc = _run(["-m", "seqmix.bench.compile_check", "--json", str(out), "--jobs", str(JOBS), *args])
     print(proc.stdout)  # the table (pytest -s, or on failure)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -63,7 +63,7 @@ def test_tssa_kernels_compile_at_the_bench_launches(tmp_path):
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm80_and_sm90_at_every_launch(tmp_path):
-    from seqmix.kernels import compile_check
+    from seqmix.bench import compile_check
 
     _, report = _check(tmp_path)
     rows = report["rows"]
@@ -89,7 +89,7 @@ def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_doe
     '''))
     script = textwrap.dedent('''
         import json, torch, badkernel
-        from seqmix.kernels import compile_check as cc
+        from seqmix.bench import compile_check as cc
         from seqmix.kernels import _common
         x = torch.empty(64, dtype=torch.float32)
         launch = cc.Launch(badkernel.kernel, (cc._Pointer(x), 1, 32), {"K": K}, ["here"])

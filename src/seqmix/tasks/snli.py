@@ -35,6 +35,7 @@ class SNLI(Task):
     progress_unit = "examples"
     scored_unit = "examples"
     length_key = "max_sentence_tokens"
+    shorter_batches = {"train": "all", "eval": "all"}  # every batch is padded to its longest pair (collate)
 
     @classmethod
     def prepare(cls, job: DataJob) -> dict:

@@ -76,6 +76,7 @@ class WikiText2(Task):
     progress_unit = "tokens"
     scored_unit = "tokens"
     length_key = "block_size"
+    shorter_batches = {"eval": "one"}  # evaluation ends with one window of (len - 1) % block tokens (eval_tail)
 
     @classmethod
     def prepare(cls, job: DataJob) -> dict:

@@ -1,5 +1,5 @@
 """Where the compile check's launches come from: the calls the project makes to its Triton
-kernels, as (origin, call) cases that ``seqmix.kernels.compile_jit.record`` runs on fake tensors.
+kernels, as (origin, call) cases that ``seqmix.bench.compile_jit.record`` runs on fake tensors.
 
 - ``profiles``: config/config.yaml and config/paper.yaml: each run's mixers as training builds
   them, a training step (forward and backward under the run's precision) at the train batch
@@ -25,16 +25,12 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from seqmix import REPO_ROOT as REPO  # the checkout: its tests/ and config/ are read
+
 PROFILES = ("config/config.yaml", "config/paper.yaml")
 BENCH_BATCH = 4
 BENCH_EXTRA_LENGTHS = (1, 63, 1000, 4096)  # the GPU correctness check's lengths (bench's case builders)
 BENCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Batches shorter than a task's sequence length, by task kind and phase: WikiText-2's evaluation
-# ends with one window of (len - 1) % block tokens, batch 1 (Wikitext2.eval_tail): "one";
-# SNLI pads every batch to its longest pair (Snli.collate), in training and evaluation: "all"
-# (every shorter length at every batch size of the phase).
-SHORTER = {"wikitext2": {"eval": "one"}, "snli": {"train": "all", "eval": "all"}}
 
 Case = tuple[str, Callable[[], None]]  # (where the launch comes from, a call that launches it)
 
@@ -170,10 +166,10 @@ def _distinct_mixers(model: torch.nn.Module) -> list:
 # ---------------------------------------------------------------------------------------
 
 
-def _shapes(kind: str, phase: str, B: int, L: int) -> list[tuple[int, int]]:
-    """The (batch, length) pairs a task's mixers see in ``phase``."""
+def _shapes(shorter_batches: dict[str, str], phase: str, B: int, L: int) -> list[tuple[int, int]]:
+    """The (batch, length) pairs a task's mixers see in ``phase`` (``Task.shorter_batches``)."""
     batches = [B] if phase == "train" else sorted({b for b in (1, 2, 16, B) if b <= B})
-    shorter = SHORTER.get(kind, {}).get(phase)
+    shorter = shorter_batches.get(phase)
     extra = [] if shorter is None else [(b, n) for n in range(1, L) for b in (batches if shorter == "all" else (1,))]
     return [(b, L) for b in batches] + extra
 
@@ -196,7 +192,7 @@ def _run_cases(spec, profile: str) -> Iterator[Case]:
 
     label = f"{profile} {spec.task} {spec.arch} d{size.d_model}"
     for phase in ("train", "eval"):
-        shapes = _shapes(spec.kind, phase, spec.train.batch_size, task.sequence_length)
+        shapes = _shapes(task.shorter_batches, phase, spec.train.batch_size, task.sequence_length)
 
         def call(phase=phase, shapes=shapes):
             for m in mixers():
