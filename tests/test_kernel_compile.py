@@ -106,3 +106,15 @@ def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_doe
     assert status == "ok"
     spec, status = got[8]
     assert status.startswith("failed: ") and "this kernel needs K >= 16" in status, status
+
+
+def test_a_profile_case_runs_a_mixer_as_training_and_evaluation_do():
+    # What the profile cases call for every launch they record (on a CPU: the reference path);
+    # it once imported a helper from where training no longer keeps it, unnoticed by the fast test.
+    from seqmix import mixers
+    from seqmix.bench.compile_cases import _mixer_call
+
+    mixer = mixers.build("softmax", 8, causal=True, max_len=16)
+    _mixer_call(mixer, 2, 5, "fp32", True)
+    assert all(p.grad is not None for p in mixer.parameters() if p.requires_grad)
+    _mixer_call(mixer, 1, 3, "bf16", False)

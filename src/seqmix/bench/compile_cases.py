@@ -129,7 +129,7 @@ def _backward(out: torch.Tensor) -> None:
 def _mixer_call(mixer, batch: int, length: int, precision: str, train: bool) -> None:
     """The mixer on a (batch, length, d_model) fp32 input (the residual stream's dtype), as a
     training step (under the run's precision, then backward) or an evaluation (fp32, no grad)."""
-    from seqmix.train.loop import autocast
+    from seqmix.train.step import autocast
 
     x = torch.empty(batch, length, mixer.d_model, requires_grad=train)
     mixer.train(train)
