@@ -357,3 +357,33 @@ def test_the_readmes_table_of_blocks_is_the_catalogues():
     assert table[2:], "the README lists no mixer"
     assert [row for row in generated if row in table[2:]] == table[2:], (
         "the README's rows differ from the catalogue's: python -m seqmix mixers --readme README.md")
+
+
+def test_positions_none_leaves_the_embedding_out_and_unknown_schemes_are_refused():
+    """Zoology's recurrences train on MQAR without position embeddings: model.positions
+    resolves per architecture, a model with none has no pos_emb, and a misspelt scheme is a
+    config error naming the key."""
+    import pydantic
+    import pytest
+    import torch
+
+    from seqmix.models.lm import CausalLM, LMConfig
+    from seqmix.sections import ModelSpec
+
+    spec = ModelSpec(positions={"default": "learned", "mamba": "none"})
+    assert (spec.positions_for("mamba"), spec.positions_for("softmax")) == ("none", "learned")
+    with pytest.raises(pydantic.ValidationError, match="unknown position scheme.*'rope'"):
+        ModelSpec(positions={"gla": "rope"})
+    with pytest.raises(pydantic.ValidationError, match="unknown architecture.*'mambo'"):
+        ModelSpec(positions={"mambo": "none"})
+    cfg = dict(arch="softmax", vocab_size=32, max_len=8, d_model=16, n_layers=1, d_ff_mult=0, dropout=0.0, block="pre")
+    with_pos, without = CausalLM(LMConfig(**cfg)), CausalLM(LMConfig(**cfg, positions="none"))
+    assert without.pos_emb is None
+    n = lambda m: sum(p.numel() for p in m.parameters())
+    assert n(with_pos) - n(without) == 8 * 16
+    # Without positions a softmax layer is permutation-equivariant over the prefix: the last
+    # position's output does not depend on the order of the tokens before it.
+    x = torch.tensor([[1, 2, 3, 4, 5]])
+    y = torch.tensor([[3, 1, 2, 4, 5]])
+    torch.testing.assert_close(without(x)[0, -1], without(y)[0, -1])
+    assert not torch.allclose(with_pos(x)[0, -1], with_pos(y)[0, -1])

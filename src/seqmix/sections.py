@@ -64,6 +64,9 @@ class Budget(Section):
     ffn_step: int = Field(8, ge=1, description="d_ff candidates of that refinement are multiples of this")
 
 
+POSITIONS = ("learned", "none")
+
+
 class ModelSpec(Section):
     d_model: int = Field(256, ge=1)
     n_layers: int = Field(6, ge=1)
@@ -75,6 +78,11 @@ class ModelSpec(Section):
                     f"or one of {', '.join(catalogue.BLOCKS)} for all, or per architecture "
                     "{<arch>: <block>, default: <block>} (unlisted: default, else native)")
     tie_embeddings: bool = True
+    positions: str | dict[str, str] = Field(
+        "learned",
+        description="position embeddings: learned (absolute, as the Grassmann paper's LM) or none, for all or per "
+                    "architecture {<arch>: learned|none, default: ...}; Zoology's MQAR models give the "
+                    "recurrences (GLA, H3, Mamba) none (Arora et al. 2024, App. C)")
     budget: Budget = Budget()
 
     @model_validator(mode="before")
@@ -97,6 +105,22 @@ class ModelSpec(Section):
             raise ValueError(f"unknown architecture(s) {', '.join(unknown)} in model.block; keys are "
                              f"default or: {', '.join(catalogue.mixer_names())}")
         return v
+
+    @field_validator("positions")
+    @classmethod
+    def _position_schemes(cls, v):
+        bad = sorted({p for p in ([v] if isinstance(v, str) else v.values()) if p not in POSITIONS})
+        if bad:
+            raise ValueError(f"unknown position scheme(s) {', '.join(map(repr, bad))}; choose from: {', '.join(POSITIONS)}")
+        unknown = sorted(set(v) - {"default", *catalogue.mixer_names()}) if isinstance(v, dict) else []
+        if unknown:
+            raise ValueError(f"unknown architecture(s) {', '.join(unknown)} in model.positions; keys are "
+                             f"default or: {', '.join(catalogue.mixer_names())}")
+        return v
+
+    def positions_for(self, arch: str) -> str:
+        """The position scheme ``arch`` trains with under this spec."""
+        return self.positions if isinstance(self.positions, str) else self.positions.get(arch, self.positions.get("default", "learned"))
 
     def block_for(self, arch: str) -> str:
         """The block ``arch`` trains in under this spec: never "native"."""

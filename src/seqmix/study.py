@@ -136,8 +136,9 @@ def _run_spec(study: Study, v: Variant, arch: str, seed: int) -> RunSpec:
         seed=int(seed), run_dir=str(run_dir(study, Run(task, arch, seed))),
         data_dir=str(data_dir(study, v.group)), tokenizer_dir=str(tokenizer_dir(study)),
         data=study.data, tokenizer=study.tokenizer, train=v.section.train,
-        # The block this architecture trains in, resolved and recorded (never "native").
-        model=v.section.model.model_copy(update={"block": v.section.model.block_for(arch)}),
+        # The block and positions this architecture trains with, resolved and recorded.
+        model=v.section.model.model_copy(update={"block": v.section.model.block_for(arch),
+                                                 "positions": v.section.model.positions_for(arch)}),
         mixer_options=task_mixer_options(study, v.section, arch),
         settings=settings_of(v.kind, v.section).model_dump(mode="json"),
     )

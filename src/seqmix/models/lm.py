@@ -1,5 +1,6 @@
 """A causal language model around any mixer (the Grassmann paper's LM, Zhang 2025,
-arXiv:2512.19428, §3.1: token + learned absolute position embeddings, N blocks, a final
+arXiv:2512.19428, §3.1: token + learned absolute position embeddings (or none, as Zoology's
+recurrences on MQAR), N blocks, a final
 norm, and a head tied to the embedding). The blocks and the final norm are those of
 ``block`` (models/blocks.py): LayerNorm, or RMSNorm after Mamba's pre_rms blocks."""
 
@@ -17,6 +18,7 @@ from seqmix.models.blocks import StackConfig, make_norm
 @dataclasses.dataclass
 class LMConfig(StackConfig):
     tie_embeddings: bool = True
+    positions: str = "learned"  # or "none": no position embedding (Zoology's recurrences on MQAR)
 
 
 class CausalLM(nn.Module):
@@ -24,7 +26,9 @@ class CausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.max_len, cfg.d_model)
+        if cfg.positions not in ("learned", "none"):
+            raise ValueError(f"positions must be learned or none, not {cfg.positions!r}")
+        self.pos_emb = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.positions == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = cfg.blocks(causal=True)
         self.norm_f = make_norm(cfg.block, cfg.d_model)
@@ -38,8 +42,10 @@ class CausalLM(nn.Module):
         B, L = idx.shape
         if L > self.cfg.max_len:
             raise ValueError(f"sequence length {L} exceeds the model's max_len {self.cfg.max_len}")
-        pos = torch.arange(L, device=idx.device)
-        h = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        h = self.tok_emb(idx)
+        if self.pos_emb is not None:
+            h = h + self.pos_emb(torch.arange(L, device=idx.device))
+        h = self.drop(h)
         states = [h]
         for block in self.blocks:
             h = block(h)

@@ -12,5 +12,6 @@ def causal_lm(spec: RunSpec, vocab_size: int, max_len: int, d_model: int, n_laye
     return CausalLM(LMConfig(
         arch=spec.arch, vocab_size=vocab_size, max_len=max_len, d_model=d_model, n_layers=n_layers,
         d_ff_mult=m.d_ff_mult if d_ff_mult is None else d_ff_mult, dropout=m.dropout, block=m.block, tie_embeddings=m.tie_embeddings,
+        positions=m.positions_for(spec.arch),
         mixer_options=dict(spec.mixer_options),
     ))
