@@ -189,6 +189,48 @@ def test_a_recall_cell_names_every_seed_that_ended_differently():
     assert recall_tables.plateau_words(runs.assign(plateau_rule="{}")) == ""
 
 
+def floor_run(arch, **kw):
+    base = dict(task=f"m/{arch}", arch=arch, seed=0, test_split="test", chance=0.125, reach=float("nan"),
+                blind_loss=math.log(128), first_eval_loss=4.9, last_eval_loss=4.85, grad_norm_first=0.4,
+                grad_norm_last=0.15, steps_completed=800, ended="plateau")
+    return pd.Series({**base, **kw})
+
+
+def distance_rows(arch, by_distance):
+    return pd.DataFrame([dict(task=f"m/{arch}", arch=arch, split="test", by="query_distance", value=str(d), correct=c,
+                              scored=n) for d, (c, n) in by_distance.items()])
+
+
+def test_each_run_below_chance_gets_the_first_reason_its_measurements_show():
+    """Reach (recalls within, not beyond), then the copy probe, then a flat loss, else a loss
+    above the informed-chance level; and each reason quotes its numbers."""
+    reach = floor_run("grassmann", reach=32.0)
+    near_only = distance_rows("grassmann", {10: (90, 100), 40: (1, 100)})
+    split = recall_tables.reach_split(near_only, reach)
+    assert split == (0.9, 0.01, 100)
+    assert recall_tables.floor_reason(reach, split, None).startswith("receptive field: recalls keys within its reach of 32")
+    # Within reach at chance too: the reach explains nothing; a flat loss does, with both halves quoted.
+    flat = recall_tables.floor_reason(reach, recall_tables.reach_split(distance_rows("grassmann", {10: (1, 100), 40: (1, 100)}), reach), 0.92)
+    assert flat.startswith("optimisation: validation loss at the blind level ln 128 = 4.85") and "0.15" in flat
+    assert "0.010 on keys within its reach of 32 tokens, 0.010 on the 100 beyond" in flat
+    assert recall_tables.floor_reason(floor_run("tssa", last_eval_loss=4.1), None, 0.03).startswith(
+        "no token-pair interaction: it copies the previous token at 0.030")
+    assert recall_tables.floor_reason(floor_run("gla", last_eval_loss=2.5), None, 1.0).startswith(
+        "had not learned which value a key holds when it ended: validation loss 4.90 $\\to$ 2.50, above the informed-chance level ln 8 = 2.08")
+
+
+def test_the_floor_table_lists_only_runs_below_chance():
+    runs = pd.DataFrame([floor_run("softmax", last_eval_loss=0.02), floor_run("tssa", last_eval_loss=4.1)])
+    best = {"m": pd.DataFrame({"task": ["m/softmax", "m/tssa"], "arch": ["softmax", "tssa"], "per_value": [64, 64],
+                               "test_mean": [0.99, 0.04]})}
+    rows = recall_tables.floor_rows(runs, pd.DataFrame(columns=["task", "arch", "by", "split"]), best,
+                                    pd.DataFrame({"arch": ["softmax", "tssa"], "accuracy": [1.0, 0.03]}))
+    assert [(r["arch"], r["ending"]) for r in rows] == [("tssa", "800p")]
+    tex = recall_tables.floor_table(rows, has_probe=True)
+    assert "ToST" in tex and "no token-pair interaction" in tex and "Softmax" not in tex
+    assert "No selected recall run ended below chance" in recall_tables.floor_table([], has_probe=False)
+
+
 # --- sparsity, geometry, claims, throughput ----------------------------------------------------
 
 
@@ -273,3 +315,16 @@ def test_each_notebooks_module_is_an_input_of_its_rule():
         modules = set(re.findall(r"from seqmix\.report\.(\w+_tables) import", code))
         assert modules, f"{name}.ipynb computes its tables itself"
         assert {f"src:src/seqmix/report/{m}.py" for m in modules} <= set(entry["inputs"]), name
+
+
+def test_curve_ends_reads_the_first_and_last_evaluation_and_gradient_norms(tmp_path):
+    from seqmix.report.collect import GRAD_ROWS, curve_ends
+
+    rows = ["step,phase,loss,metric,metric_value,lr,grad_norm,seen,elapsed_s"]
+    rows += [f"{s},train,{5 - s / 100},,,0.001,{s / 10},0,0" for s in range(1, 11)]
+    rows += ["5,eval,4.8,accuracy,0.1,,,0,0", "10,eval,4.5,accuracy,0.2,,,0,0"]
+    (tmp_path / "log.csv").write_text("\n".join(rows) + "\n")
+    ends = curve_ends(tmp_path)
+    assert (ends["first_eval_loss"], ends["last_eval_loss"]) == (4.8, 4.5)
+    assert ends["grad_norm_first"] == pytest.approx(sum(range(1, GRAD_ROWS + 1)) / 10 / GRAD_ROWS)
+    assert ends["grad_norm_last"] == pytest.approx(sum(range(11 - GRAD_ROWS, 11)) / 10 / GRAD_ROWS)

@@ -39,6 +39,11 @@ class RunRow(TypedDict):
     reach: int | None  # positions back the output can read (sum of the layers'); empty: unbounded
     chance: float | None  # chance level of the metric (MQAR: 1 / key-value pairs); empty: none
     final_gain: float | None  # improvement over the last quarter of the steps (``final_gain``)
+    blind_loss: float | None  # loss of a model that reads nothing of the input (MQAR: ln values); empty: none
+    first_eval_loss: float | None  # loss at the first and last periodic evaluation
+    last_eval_loss: float | None
+    grad_norm_first: float | None  # mean gradient norm (before clipping) of the first and last
+    grad_norm_last: float | None  # GRAD_ROWS logged training rows
     eval_split: str  # final evaluation on the eval split ...
     eval_value: float
     eval_loss: float
@@ -91,6 +96,7 @@ def run_row(run_dir: Path) -> RunRow:
         "plateau_rule": json.dumps(m["plateau"] or {}, sort_keys=True),
         "diverged_at_step": m["diverged_at_step"], "seen": m["seen"], "seen_unit": m["seen_unit"],
         "reach": m["reach"], "chance": m["chance"], "final_gain": final_gain(run_dir, m),
+        "blind_loss": m.get("blind_loss"), **curve_ends(run_dir),
         "eval_split": m["eval_split"], "eval_value": ev.get(metric), "eval_loss": ev.get("loss"),
         "eval_scored": ev.get("scored"), "test_split": m["test_split"], "test_value": te.get(metric),
         "test_loss": te.get("loss"), "test_scored": te.get("scored"), "scored_unit": m["scored_unit"],
@@ -100,6 +106,21 @@ def run_row(run_dir: Path) -> RunRow:
         "tokenizer": tok.get("description", ""), "device": m["device"],
         "wall_time_s": m["wall_time_s"], "run_dir": str(run_dir),
     }
+
+
+GRAD_ROWS = 4
+
+
+def curve_ends(run_dir: Path) -> dict:
+    """The first and last periodic evaluation losses and the mean gradient norms of the first
+    and last GRAD_ROWS logged training rows: whether a run's loss moved at all, and whether
+    its gradients died (the recall report's reasons for a run below chance)."""
+    rows = read_csv_rows(run_dir / "log.csv")
+    evals = [float(r["loss"]) for r in rows if r["phase"] == "eval" and r["loss"]]
+    norms = [float(r["grad_norm"]) for r in rows if r["phase"] == "train" and r["grad_norm"]]
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
+    return {"first_eval_loss": evals[0] if evals else None, "last_eval_loss": evals[-1] if evals else None,
+            "grad_norm_first": mean(norms[:GRAD_ROWS]), "grad_norm_last": mean(norms[-GRAD_ROWS:])}
 
 
 def final_gain(run_dir: Path, m: dict) -> float | None:

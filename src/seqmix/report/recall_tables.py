@@ -6,6 +6,7 @@ from ``runs.csv`` and ``breakdown.csv``."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -96,8 +97,10 @@ def recall_table(runs: pd.DataFrame, best: dict[str, pd.DataFrame]) -> str:
             body.append([escape(task_label(g)), escape(arch_label(arch)),
                          *[recall_cell(runs, b[b.arch == arch], w) for w in widths]])
     first = runs[runs.group == groups[0]]
-    note = (f"Test accuracy at query positions, at the learning rate with the best validation accuracy for each width "
-            f"(of {first.lr.nunique()}); {escape(first.iloc[0].train_data)}. Beside each: the step its run ended at and "
+    lrs = first.lr.nunique()
+    chosen = (f"at the learning rate with the best validation accuracy for each width (of {lrs})" if lrs > 1
+              else f"at learning rate {first.lr.iloc[0]:g}")
+    note = (f"Test accuracy at query positions, {chosen}; {escape(first.iloc[0].train_data)}. Beside each: the step its run ended at and "
             f"why: s solved (validation accuracy reached the early stop), {plateau_words(first)}b ran all its steps, "
             "d diverged.")
     return table(["Task", "Architecture", *[f"$d={w:g}$" for w in widths]], body,
@@ -115,3 +118,84 @@ def recall_macros(best: dict[str, pd.DataFrame]) -> dict[str, str]:
                 macros[f"{g}-{arch}-d{w:g}"] = f"{a.test_mean.get(w, float('nan')):.3f}"
     macros["numGroups"] = str(len(best))
     return macros
+
+
+# A run whose final validation loss is within this fraction of the blind loss (ln of the number
+# of value tokens) never learned even which values the context holds: its loss is flat.
+FLAT_LOSS = 0.02
+# A mixer that copies the previous token less often than this cannot move one token's
+# identity to another position (the copy probe, seqmix.analysis.copy_probe).
+MIN_COPY = 0.5
+
+
+def reach_split(breakdown: pd.DataFrame, run: pd.Series) -> tuple[float, float, int] | None:
+    """(accuracy on test queries whose key is within the run's reach, accuracy beyond it,
+    queries beyond) of a run with a finite reach and a distance breakdown; None otherwise."""
+    if pd.isna(run.reach):
+        return None
+    rows = breakdown[(breakdown.task == run.task) & (breakdown.arch == run.arch) & (breakdown.by == "query_distance")
+                     & (breakdown.split == run.test_split)]
+    if rows.empty:
+        return None
+    near = rows.value.astype(float) <= run.reach
+    acc = lambda sel: rows[sel].correct.sum() / rows[sel].scored.sum() if rows[sel].scored.sum() else float("nan")
+    return acc(near), acc(~near), int(rows[~near].scored.sum())
+
+
+def floor_reason(run: pd.Series, split: tuple[float, float, int] | None, copy_accuracy: float | None) -> str:
+    """Why a run ended below chance, from what was measured, in the first of these that holds:
+    its keys lay beyond its reach (it recalls within it, not beyond); it cannot copy the
+    previous token (no token-pair interaction, the copy probe); its validation loss stayed at
+    the blind level (it never learned which values the context holds: an optimisation failure,
+    with its gradient norms); else its loss was still above the informed-chance level when it
+    ended (the plateau rule or the step cap stopped it first)."""
+    within = (f"; accuracy {split[0]:.3f} on keys within its reach of {int(run.reach)} tokens, "
+              f"{split[1]:.3f} on the {split[2]:,} beyond") if split else ""
+    if split and split[2] and split[0] > run.chance >= split[1]:
+        return f"receptive field: recalls keys within its reach of {int(run.reach)} tokens ({split[0]:.3f}), not beyond ({split[1]:.3f})"
+    if copy_accuracy is not None and copy_accuracy < MIN_COPY:
+        return (f"no token-pair interaction: it copies the previous token at {copy_accuracy:.3f} after the copy "
+                f"probe's training{within}")
+    if run.blind_loss and run.last_eval_loss >= run.blind_loss * (1 - FLAT_LOSS):
+        return (f"optimisation: validation loss at the blind level ln {round(math.exp(run.blind_loss))} = "
+                f"{run.blind_loss:.2f} from its first evaluation ({run.first_eval_loss:.2f}) to its last "
+                f"({run.last_eval_loss:.2f}), gradient norm {run.grad_norm_first:.2f} $\\to$ {run.grad_norm_last:.2f}{within}")
+    return (f"had not learned which value a key holds when it ended: validation loss {run.first_eval_loss:.2f} "
+            f"$\\to$ {run.last_eval_loss:.2f}, above the informed-chance level ln {round(1 / run.chance)} = "
+            f"{math.log(1 / run.chance):.2f}{within}")
+
+
+def floor_rows(runs: pd.DataFrame, breakdown: pd.DataFrame, best: dict[str, pd.DataFrame],
+               probe: pd.DataFrame | None) -> list[dict]:
+    """Every (group, mixer, width) whose selected run ended below chance, with its reason."""
+    copy = dict(zip(probe.arch, probe.accuracy)) if probe is not None and len(probe) else {}
+    out = []
+    for g, b in best.items():
+        for point in b.itertuples():
+            run = runs[(runs.task == point.task) & (runs.arch == point.arch)].sort_values("seed").iloc[0]
+            if pd.isna(run.chance) or point.test_mean >= run.chance:
+                continue
+            out.append({"group": g, "arch": point.arch, "width": point.per_value, "test": point.test_mean,
+                        "ending": ending(runs, point.task, point.arch),
+                        "reason": floor_reason(run, reach_split(breakdown, run), copy.get(point.arch))})
+    return out
+
+
+def floor_table(rows: list[dict], has_probe: bool) -> str:
+    """tab:recall-floor: the runs below chance and the measured reason for each."""
+    if not rows:
+        return ("% Generated by a seqmix notebook.\n\\paragraph{Below chance.}\\label{tab:recall-floor} "
+                "No selected recall run ended below chance.\n")
+    rank = {a: i for i, a in enumerate(ordered({r["arch"] for r in rows}))}
+    body = [[escape(arch_label(r["arch"])), f"{r['width']:g}", f"{r['test']:.3f}", r["ending"], r["reason"]]
+            for r in sorted(rows, key=lambda r: (r["group"], rank[r["arch"]], r["width"]))]
+    note = ("Chance is a model that outputs a value of its context without knowing which (1 / pairs). The reason is "
+            "the first of these the run's own measurements show: a receptive field that ends before the key; no "
+            "token-pair interaction (a mixer trained to copy the previous token on random tokens"
+            + ("" if has_probe else ", not measured in this profile") +
+            f", fails: accuracy below {MIN_COPY:g}); an optimisation failure (validation loss within "
+            f"{FLAT_LOSS:.0%} of the blind level, ln of the number of value tokens, from start to end); else a loss "
+            "still falling above the informed-chance level ln(pairs) when the run ended.").replace("%", "\\%")
+    return table(["Architecture", "$d$", "test acc.", "ended", "why below chance (measured)"], body,
+                 caption="Recall runs that ended below chance, and why.", label="tab:recall-floor",
+                 align="lrrrp{0.52\\linewidth}", note=note, size="\\footnotesize")

@@ -108,6 +108,12 @@ class Task:
         return None
 
     @property
+    def blind_loss(self) -> float | None:
+        """The cross-entropy of a model that knows the answer's vocabulary but reads nothing of
+        the input (MQAR: ln of the number of value tokens); None when there is no such level."""
+        return None
+
+    @property
     def eval_split(self) -> str:
         """The split of periodic evaluation (model selection)."""
         return "validation"

@@ -4,6 +4,8 @@ accuracy at the query positions only."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -78,6 +80,11 @@ class MQAR(Task):
     def chance(self) -> float:
         # A model that outputs a value of the context without knowing which one.
         return 1.0 / self.settings.num_kv_pairs
+
+    @property
+    def blind_loss(self) -> float:
+        # Values are drawn from the upper half of the vocabulary (data/mqar.py): uniform over them.
+        return math.log(self.settings.vocab_size - self.settings.vocab_size // 2)
 
     @property
     def sequence_length(self) -> int:

@@ -397,7 +397,7 @@ def metrics_of(run: Run) -> dict:
         "plateau": spec.train.plateau and spec.train.plateau.model_dump(), "plateau_at_step": state.plateau_at,
         "ended": ended(state),
         "seen": state.seen, "seen_unit": task.progress_unit, "scored_unit": task.scored_unit,
-        "reach": stack_reach(run.model.blocks), "chance": task.chance,
+        "reach": stack_reach(run.model.blocks), "chance": task.chance, "blind_loss": task.blind_loss,
         "train_split": task.train_split, "eval_split": task.eval_split, "test_split": task.test_split,
         "eval_batches": spec.train.eval_batches, "last_eval": state.last_eval, "best_eval": state.best,
         "train_loss_last": train_rows[-1]["loss"] if train_rows else None,
