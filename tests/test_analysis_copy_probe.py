@@ -14,6 +14,7 @@ from seqmix.config import ConfigError, validate_config
 from seqmix.dag import Jobs
 from seqmix.io import columns
 from seqmix.study import copy_probe_job, job_table
+
 from .conftest import tiny_config
 
 # The MQAR task's model as config/config.yaml has it (pre-norm, no feed-forward), 2 layers.
@@ -70,6 +71,7 @@ def test_the_probe_takes_the_mqar_tasks_model_and_mixer_options(tmp_path):
     cfg["tasks"]["mqar"]["model"] = {**MODEL, "positions": {"default": "learned", "gla": "none"}}
     cfg["tasks"]["mqar"]["mixers"] = {"softmax": {"n_heads": 1}}
     cfg["tasks"]["mqar"]["train"]["lr"] = 5e-4  # the task's own schedule is not the probe's
+    del cfg["analysis"]["copy_probe"]  # the defaults
     job = copy_probe_job(validate_config(cfg))
     assert job.task == "mqar" and job.architectures == ["softmax", "gla"]
     assert job.mixers["softmax"]["n_heads"] == 1 and job.train.lr == 3e-3 and job.train.steps == 300
