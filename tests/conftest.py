@@ -100,6 +100,8 @@ def tiny_config(root: Path, mirror: Path | None, archs=("softmax", "grassmann"),
             "throughput": {"lengths": [8, 16], "d_model": 16, "vocab_size": 64, "tokens_per_batch": 32,
                            "warmup": 0, "steps": 1, "repeats": 2},
             "sparsity": {"tasks": ["wikitext2" if mirror else "mqar"], "num_sequences": 2},
+            "copy_probe": {"d_model": 16, "seq_len": 8, "vocab_size": 16, "steps": 4, "batch_size": 4,
+                           "warmup_steps": 1, "eval_sequences": 8},
         },
     }
     if mirror:

@@ -295,6 +295,7 @@ def test_dry_run_plans_the_jobs_a_config_implies(tmp_path):
     assert jobs["data_task"] == 3 and jobs["data_tokenizer"] == 1  # one data directory per task as written
     assert all(jobs[f"notebook_{name}"] == 1 for name in notebook_outputs())
     assert jobs["collect"] == jobs["report"] == jobs["all"] == 1
+    assert jobs["copy_probe"] == 1  # one job for every architecture, on the first MQAR task's model
 
 
 def test_dry_run_of_the_quick_config_trains_what_it_says(tmp_path):
@@ -388,7 +389,7 @@ def test_every_notebook_of_outputs_yaml_resolves(tiny_jobs):
 
 def test_each_analysis_job_holds_only_what_it_reads(tiny_jobs):
     # Its spec, not the study: no task list, no other analysis's settings.
-    for name in ("complexity", "throughput", "sparsity_analytic", "geometry"):
+    for name in ("complexity", "throughput", "sparsity_analytic", "geometry", "copy_probe"):
         spec = json.loads(tiny_jobs.spec(name))
         assert "tasks" not in spec and "analysis" not in spec, name
     assert set(json.loads(tiny_jobs.spec("complexity"))) == {"architectures", "mixers", "complexity"}

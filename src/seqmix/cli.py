@@ -216,6 +216,25 @@ def cmd_geometry(args) -> int:
     return 0
 
 
+def cmd_copy_probe(args) -> int:
+    from seqmix.analysis.copy_probe import write_copy_probe
+    from seqmix.spec import CopyProbeJob
+    from seqmix.study import copy_probe_job
+
+    def build(study):
+        job = copy_probe_job(study)
+        if job is None:
+            raise ConfigError(f"{args.config}: the copy probe takes its models from a recall (MQAR) task and this "
+                              "study has none, or config key 'analysis.copy_probe.task' is null; add an MQAR task "
+                              "or name one there")
+        return job
+
+    job = job_of(args, CopyProbeJob, build)
+    n = write_copy_probe(job, Path(args.out), threads=args.threads, progress=not args.quiet)
+    print(f"wrote {n} rows to {args.out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.what == "throughput":
         return cmd_throughput(args)
@@ -344,6 +363,15 @@ def _add(sub, name, func, help_, config=True):
     return sp
 
 
+def _add_copy_probe(sub) -> None:
+    sp = _add(sub, "copy-probe", cmd_copy_probe,
+              "can each mixer copy the previous token? a fresh model per architecture, built as the MQAR task builds its own")
+    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
+    sp.add_argument("--out", default="results/analysis/copy_probe.csv")
+    sp.add_argument("--threads", type=int, default=None)
+    sp.add_argument("--quiet", action="store_true")
+
+
 def _add_analyses(sub) -> None:
     sp = _add(sub, "complexity", cmd_complexity,
               "counted FLOPs, bytes written, peak memory and wall time of each mixer vs sequence length")
@@ -432,6 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_summaries(sub)
     _add_analyses(sub)
+    _add_copy_probe(sub)
     return p
 
 

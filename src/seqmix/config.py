@@ -182,9 +182,24 @@ def _cross_checks(study: Study) -> list[str]:
             ("analysis.geometry.task", geo.task)]:
         if value is not None and value not in names:
             problems.append(f"config key '{key}': {value!r} is not a task of this study; tasks: {', '.join(names)}")
+    problems += _copy_probe_problems(study, names)
     for name, section in study.tasks.items():
         problems += sweep_problems(name, section)
         problems += _task_mixer_problems(study, name, section)
+    return problems
+
+
+def _copy_probe_problems(study: Study, names: list[str]) -> list[str]:
+    """``analysis.copy_probe`` names a recall (MQAR) task of this study and causal architectures."""
+    probe, problems = study.analysis.copy_probe, []
+    recall = [n for n in names if task_class(catalogue.kind_of(n)).is_recall]
+    if probe.task not in (None, "auto", *recall):
+        problems.append(f"config key 'analysis.copy_probe.task': {probe.task!r} is not a recall (MQAR) task of this "
+                        f"study; choose one of: {', '.join(['auto', *recall])}, or null (no probe)")
+    no_causal = [a for a in probe.architectures or [] if not mixer_class(a).supports_causal]
+    if no_causal:
+        problems.append(f"config key 'analysis.copy_probe.architectures': {', '.join(no_causal)} "
+                        "has no causal form (the probe is a causal LM); leave it out")
     return problems
 
 

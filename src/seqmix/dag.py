@@ -223,8 +223,12 @@ class Jobs:
 
     def spec(self, analysis: str) -> str:
         """The spec of a one-job analysis: collect, complexity, throughput,
-        sparsity_analytic or geometry."""
+        sparsity_analytic, geometry or copy_probe."""
         return self.table["analyses"][analysis]["spec"]
+
+    def has_analysis(self, analysis: str) -> bool:
+        """Whether the study has that analysis job (copy_probe: only with a recall task)."""
+        return analysis in self.table["analyses"]
 
     def sparsity_spec(self, task: str, arch: str, seed: str | int) -> str:
         return self._sparsity[(task, arch, str(seed))]["spec"]
@@ -291,16 +295,24 @@ class Jobs:
             return self.run_files(rest)
         if kind == "src":
             return sorted(str(p) for p in REPO_ROOT.glob(rest)) if glob.has_magic(rest) else str(REPO_ROOT / rest)
+        if kind == "analysis" and not param:
+            if rest not in OPTIONAL_ANALYSES:
+                raise StudyError(f"error: {where}: {ref!r}: analysis: names an analysis a study may lack "
+                                 f"({', '.join(OPTIONAL_ANALYSES)}); list any other file as <path>")
+            return [f"{self.results}/analysis/{rest}.csv"] if self.has_analysis(rest) else []
         if kind == "config" and param:
             try:
                 return str(self.setting(rest))
             except KeyError as e:
                 raise StudyError(f"error: {where}: {e.args[0]}") from None
         raise StudyError(f"error: {where}: {ref!r} is not a reference; write <file under results_dir>, "
-                         "runs:<file>, src:<path> or (a parameter only) config:<key>")
+                         "runs:<file>, src:<path>, (inputs only) analysis:<name> or (a parameter only) config:<key>")
 
 
 REFERENCE_PREFIX = re.compile(r"^[a-z]+:")
+# Analyses whose job a study may lack (the copy probe needs a recall task): a notebook names
+# their CSV as analysis:<name>, which is nothing where the job is absent.
+OPTIONAL_ANALYSES = ("copy_probe",)
 
 
 @dataclass(frozen=True)

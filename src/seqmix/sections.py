@@ -297,6 +297,25 @@ class GeometrySpec(Section):
     seed: int = Field(0, ge=0)
 
 
+class CopyProbeSpec(Section):
+    """Can each mixer copy the previous token? A fresh causal LM per architecture, built as
+    an MQAR task builds its models, trained to predict token t-1 at position t of uniform
+    random tokens (analysis/copy_probe.py)."""
+
+    task: str | None = Field("auto", description="the MQAR task whose model (n_layers, d_ff_mult, dropout, block, positions, tie_embeddings) and mixer options the probe's models take (a swept task: its first point); auto = the study's first MQAR task; null = no probe")
+    d_model: int = Field(64, ge=1, description="width of every probe model (the task's own is not used)")
+    seq_len: int = Field(48, ge=2)
+    vocab_size: int = Field(256, ge=2, description="tokens are uniform over it: chance accuracy is 1 / vocab_size")
+    steps: int = Field(300, ge=1)
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(3.0e-3, gt=0, description="peak AdamW learning rate (weight decay, betas and the cosine floor are the task's)")
+    warmup_steps: int = Field(30, ge=0)
+    eval_sequences: int = Field(1024, ge=1, description="held-out sequences (drawn from their own seed) scored after training")
+    seed: int = Field(0, ge=0)
+    architectures: list[ArchName] | None = Field(  # type: ignore[valid-type]
+        None, description="mixers to probe (causal ones); null = the study's architectures that have a causal form")
+
+
 class ThroughputSpec(Section):
     """Training tokens/s of every causal mixer's LM beside softmax (seqmix/bench/throughput.py)."""
 
@@ -323,6 +342,7 @@ class AnalysisSpec(Section):
     sparsity: SparsitySpec = SparsitySpec()
     sparsity_analytic: SparsityAnalyticSpec = SparsityAnalyticSpec()
     geometry: GeometrySpec = GeometrySpec()
+    copy_probe: CopyProbeSpec = CopyProbeSpec()
     throughput: ThroughputSpec = ThroughputSpec()
 
 
@@ -343,6 +363,7 @@ class ResourcesSpec(Section):
     throughput: JobResources = _jobs(3000, 30)
     sparsity_run: JobResources = _jobs(3000, 60)
     geometry: JobResources = _jobs(2000, 30)
+    copy_probe: JobResources = _jobs(2000, 30)
     notebook: JobResources = _jobs(2000, 15)
     report: JobResources = _jobs(1000, 15)
     small: JobResources = Field(_jobs(1000, 10), description="collect, concat, sparsity_analytic")

@@ -14,6 +14,7 @@ from typing import Any
 
 from seqmix.sections import (
     ComplexitySpec,
+    CopyProbeSpec,
     DataSpec,
     GeometrySpec,
     ModelSpec,
@@ -100,6 +101,19 @@ class SparsityJob(Section):
 
     run_dirs: list[str]
     sparsity: SparsitySpec
+
+
+class CopyProbeJob(Section):
+    """The copy probe of these architectures: each a fresh model of the MQAR task ``task``
+    (``model`` at the probe's width; block and positions resolved per architecture by it),
+    with its complete mixer options, trained with ``train``'s optimiser settings."""
+
+    task: str
+    architectures: list[str]
+    model: ModelSpec
+    mixers: dict[str, dict[str, Any]]
+    train: TrainSpec
+    copy_probe: CopyProbeSpec
 
 
 class GeometryJob(Section):

@@ -21,10 +21,11 @@ from seqmix import catalogue
 from seqmix.config import mixer_options, settings_of
 from seqmix.io import read_json
 from seqmix.mixers import mixer_class
-from seqmix.sections import Study, TaskCommon
+from seqmix.sections import Budget, Study, TaskCommon, TrainSpec
 from seqmix.spec import (
     CollectJob,
     ComplexityJob,
+    CopyProbeJob,
     DataJob,
     GeometryJob,
     RunSpec,
@@ -204,6 +205,23 @@ def geometry_runs(study: Study) -> list[Run]:
     return [r for r in runs(study) if task in (r.task, group[r.task])]
 
 
+def copy_probe_task(study: Study) -> Variant | None:
+    """The recall task (MQAR) whose model settings the copy probe takes:
+    ``analysis.copy_probe.task`` (a swept task: its first point), ``auto``: the study's first
+    recall task; None when it is null or the study has none (no probe)."""
+    chosen = study.analysis.copy_probe.task
+    recall = [v for v in variants(study) if task_class(v.kind).is_recall]
+    if chosen == "auto":
+        return next(iter(recall), None)
+    return next((v for v in recall if chosen in (v.name, v.group)), None)
+
+
+def copy_probe_architectures(study: Study) -> list[str]:
+    """``analysis.copy_probe.architectures``, else the study's that have a causal form."""
+    return list(study.analysis.copy_probe.architectures
+                or [a for a in study.architectures if mixer_class(a).supports_causal])
+
+
 def complexity_architectures(study: Study) -> list[str]:
     chosen = study.analysis.complexity.architectures
     if chosen == "all":
@@ -248,6 +266,25 @@ def sparsity_job(study: Study, among: list[Run] | None = None) -> SparsityJob:
     return SparsityJob(run_dirs=[str(run_dir(study, r)) for r in chosen], sparsity=study.analysis.sparsity)
 
 
+def copy_probe_job(study: Study) -> CopyProbeJob | None:
+    """The copy probe, or None where the study has no MQAR task for it (or it is off)."""
+    v, probe = copy_probe_task(study), study.analysis.copy_probe
+    if v is None:
+        return None
+    archs = copy_probe_architectures(study)
+    # The task's optimiser but for the probe's own schedule: an edit of the task's lr or
+    # steps leaves the probe (and its result) alone.
+    train = v.section.train
+    return CopyProbeJob(
+        task=v.name, architectures=archs,
+        model=v.section.model.model_copy(update={"d_model": probe.d_model, "budget": Budget()}),
+        mixers={a: task_mixer_options(study, v.section, a) for a in archs},
+        train=TrainSpec(steps=probe.steps, batch_size=probe.batch_size, lr=probe.lr, warmup_steps=probe.warmup_steps,
+                        weight_decay=train.weight_decay, betas=train.betas, min_lr_ratio=train.min_lr_ratio,
+                        grad_clip=train.grad_clip, device=train.device, reference_mixers=train.reference_mixers),
+        copy_probe=probe)
+
+
 def geometry_job(study: Study) -> GeometryJob:
     return GeometryJob(run_dirs=[str(run_dir(study, r)) for r in geometry_runs(study)],
                        geometry=study.analysis.geometry)
@@ -266,7 +303,7 @@ def job_table(study: Study) -> dict[str, Any]:
                       "resources": {rule: (getattr(v.section.resources, rule) or getattr(study.resources, rule)).model_dump()
                                     for rule in ("train", "eval")}}
              for v in variants(study)}
-    collect, geometry = collect_job(study), geometry_job(study)
+    collect, geometry, copy_probe = collect_job(study), geometry_job(study), copy_probe_job(study)
     return {
         "study": study.model_dump(mode="json"),
         "paths": {"results": study.results_dir, "data": str(data_dir(study, "{group}")),
@@ -284,6 +321,8 @@ def job_table(study: Study) -> dict[str, Any]:
             "throughput": {"spec": throughput_job(study).model_dump_json()},
             "sparsity_analytic": {"spec": study.analysis.sparsity_analytic.model_dump_json()},
             "geometry": {"spec": geometry.model_dump_json(), "run_dirs": geometry.run_dirs},
+            # Only where the study has an MQAR task to take its models from.
+            **({"copy_probe": {"spec": copy_probe.model_dump_json()}} if copy_probe else {}),
         },
         # One sparsity job per run, whose spec names that run alone.
         "sparsity_runs": [{"task": r.task, "arch": r.arch, "seed": r.seed,

@@ -1,6 +1,7 @@
 # Analyses: cost vs sequence length and Su's closed forms (need no training); Su's sparsity
-# and the Grassmann/TSSA geometry of trained models. `snakemake --cores all analysis` builds
-# every CSV; each module's docstring documents its CSV's columns.
+# and the Grassmann/TSSA geometry of trained models; the copy probe (its own small models,
+# where the study has an MQAR task). `snakemake --cores all analysis` builds every CSV; each
+# module's docstring documents its CSV's columns.
 rule analysis:
     localrule: True
     input:
@@ -11,6 +12,7 @@ rule analysis:
         f"{RESULTS}/analysis/sparsity_analytic.csv",
         f"{RESULTS}/analysis/geometry.csv",
         f"{RESULTS}/analysis/throughput.csv",
+        [f"{RESULTS}/analysis/copy_probe.csv"] if JOBS.has_analysis("copy_probe") else [],
 
 
 rule complexity:
@@ -138,3 +140,25 @@ rule geometry:
         "../../envs/seqmix.yaml"
     shell:
         "python -m seqmix geometry --spec {params.spec:q} --threads {threads} --out {output:q} > {log:q} 2>&1"
+
+
+if JOBS.has_analysis("copy_probe"):
+
+    rule copy_probe:
+        # Can each mixer copy the previous token? Fresh models built as the MQAR task builds
+        # its own, trained on random tokens (seqmix/analysis/copy_probe.py); no run needed.
+        output:
+            f"{RESULTS}/analysis/copy_probe.csv",
+        params:
+            spec=lambda w: JOBS.spec("copy_probe"),
+        log:
+            log_file("copy_probe"),
+        benchmark:
+            benchmark_file("copy_probe")
+        resources:
+            **resources_of("copy_probe"),
+        threads: 1
+        conda:
+            "../../envs/seqmix.yaml"
+        shell:
+            "python -m seqmix copy-probe --spec {params.spec:q} --threads {threads} --out {output:q} > {log:q} 2>&1"

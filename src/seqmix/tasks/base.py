@@ -36,6 +36,9 @@ class Task:
     progress_unit: ClassVar[str]  # what training's ``seen`` counts: tokens | examples
     scored_unit: ClassVar[str]  # what an evaluation scores: tokens | queries | examples
     length_key: ClassVar[str | None] = None  # the setting its length comes from, named by the preflight
+    # An associative-recall task: the copy probe (seqmix/analysis/copy_probe.py) builds its
+    # models as the first such task of a study builds its own
+    is_recall: ClassVar[bool] = False
     # Batches shorter than its sequence length, by phase: "one" (a single tail batch of every
     # shorter length, batch 1) or "all" (any shorter length at any batch size); what the
     # kernel compile check must compile for

@@ -48,6 +48,7 @@ class MQAR(Task):
     kind = "mqar"
     Settings = MQARSettings
     is_language_model = True
+    is_recall = True
     needs_tokenizer = False
     metric = "accuracy"
     higher_is_better = True
