@@ -379,7 +379,8 @@ def test_positions_none_leaves_the_embedding_out_and_unknown_schemes_are_refused
     cfg = dict(arch="softmax", vocab_size=32, max_len=8, d_model=16, n_layers=1, d_ff_mult=0, dropout=0.0, block="pre")
     with_pos, without = CausalLM(LMConfig(**cfg)), CausalLM(LMConfig(**cfg, positions="none"))
     assert without.pos_emb is None
-    n = lambda m: sum(p.numel() for p in m.parameters())
+    def n(m):
+        return sum(p.numel() for p in m.parameters())
     assert n(with_pos) - n(without) == 8 * 16
     # Without positions a softmax layer is permutation-equivariant over the prefix: the last
     # position's output does not depend on the order of the tokens before it.

@@ -214,7 +214,7 @@ def test_each_run_below_chance_gets_the_first_reason_its_measurements_show():
     assert flat.startswith("optimisation: validation loss at the blind level ln 128 = 4.85") and "0.15" in flat
     assert "0.010 on keys within its reach of 32 tokens, 0.010 on the 100 beyond" in flat
     assert recall_tables.floor_reason(floor_run("tssa", last_eval_loss=4.1), None, 0.03).startswith(
-        "no token-pair interaction: it copies the previous token at 0.030")
+        "cannot carry one token's identity to another position: it copies the previous token at 0.030")
     assert recall_tables.floor_reason(floor_run("gla", last_eval_loss=2.5), None, 1.0).startswith(
         "had not learned which value a key holds when it ended: validation loss 4.90 $\\to$ 2.50, above the informed-chance level ln 8 = 2.08")
 
@@ -227,7 +227,7 @@ def test_the_floor_table_lists_only_runs_below_chance():
                                     pd.DataFrame({"arch": ["softmax", "tssa"], "accuracy": [1.0, 0.03]}))
     assert [(r["arch"], r["ending"]) for r in rows] == [("tssa", "800p")]
     tex = recall_tables.floor_table(rows, has_probe=True)
-    assert "ToST" in tex and "no token-pair interaction" in tex and "Softmax" not in tex
+    assert "ToST" in tex and "cannot carry one token's identity" in tex and "Softmax" not in tex
     assert "No selected recall run ended below chance" in recall_tables.floor_table([], has_probe=False)
 
 

@@ -118,7 +118,8 @@ def curve_ends(run_dir: Path) -> dict:
     rows = read_csv_rows(run_dir / "log.csv")
     evals = [float(r["loss"]) for r in rows if r["phase"] == "eval" and r["loss"]]
     norms = [float(r["grad_norm"]) for r in rows if r["phase"] == "train" and r["grad_norm"]]
-    mean = lambda xs: sum(xs) / len(xs) if xs else None
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else None
     return {"first_eval_loss": evals[0] if evals else None, "last_eval_loss": evals[-1] if evals else None,
             "grad_norm_first": mean(norms[:GRAD_ROWS]), "grad_norm_last": mean(norms[-GRAD_ROWS:])}
 

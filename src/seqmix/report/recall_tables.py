@@ -138,14 +138,15 @@ def reach_split(breakdown: pd.DataFrame, run: pd.Series) -> tuple[float, float, 
     if rows.empty:
         return None
     near = rows.value.astype(float) <= run.reach
-    acc = lambda sel: rows[sel].correct.sum() / rows[sel].scored.sum() if rows[sel].scored.sum() else float("nan")
+    def acc(sel):
+        return rows[sel].correct.sum() / rows[sel].scored.sum() if rows[sel].scored.sum() else float("nan")
     return acc(near), acc(~near), int(rows[~near].scored.sum())
 
 
 def floor_reason(run: pd.Series, split: tuple[float, float, int] | None, copy_accuracy: float | None) -> str:
     """Why a run ended below chance, from what was measured, in the first of these that holds:
     its keys lay beyond its reach (it recalls within it, not beyond); it cannot copy the
-    previous token (no token-pair interaction, the copy probe); its validation loss stayed at
+    previous token (the copy probe: no token-pair interaction carries a token's identity); its validation loss stayed at
     the blind level (it never learned which values the context holds: an optimisation failure,
     with its gradient norms); else its loss was still above the informed-chance level when it
     ended (the plateau rule or the step cap stopped it first)."""
@@ -154,8 +155,8 @@ def floor_reason(run: pd.Series, split: tuple[float, float, int] | None, copy_ac
     if split and split[2] and split[0] > run.chance >= split[1]:
         return f"receptive field: recalls keys within its reach of {int(run.reach)} tokens ({split[0]:.3f}), not beyond ({split[1]:.3f})"
     if copy_accuracy is not None and copy_accuracy < MIN_COPY:
-        return (f"no token-pair interaction: it copies the previous token at {copy_accuracy:.3f} after the copy "
-                f"probe's training{within}")
+        return (f"cannot carry one token's identity to another position: it copies the previous token at "
+                f"{copy_accuracy:.3f} in the copy probe{within}")
     if run.blind_loss and run.last_eval_loss >= run.blind_loss * (1 - FLAT_LOSS):
         return (f"optimisation: validation loss at the blind level ln {round(math.exp(run.blind_loss))} = "
                 f"{run.blind_loss:.2f} from its first evaluation ({run.first_eval_loss:.2f}) to its last "
@@ -191,7 +192,7 @@ def floor_table(rows: list[dict], has_probe: bool) -> str:
             for r in sorted(rows, key=lambda r: (r["group"], rank[r["arch"]], r["width"]))]
     note = ("Chance is a model that outputs a value of its context without knowing which (1 / pairs). The reason is "
             "the first of these the run's own measurements show: a receptive field that ends before the key; no "
-            "token-pair interaction (a mixer trained to copy the previous token on random tokens"
+            "token-pair interaction that carries a token's identity (the copy probe: the mixer trained to copy the previous token on random tokens"
             + ("" if has_probe else ", not measured in this profile") +
             f", fails: accuracy below {MIN_COPY:g}); an optimisation failure (validation loss within "
             f"{FLAT_LOSS:.0%} of the blind level, ln of the number of value tokens, from start to end); else a loss "
