@@ -186,6 +186,9 @@ def test_a_recall_cell_names_every_seed_that_ended_differently():
     runs = pd.DataFrame({"task": ["t"] * 3, "arch": ["gla"] * 3, "seed": [2, 0, 1],
                          "steps_completed": [800, 800, 1400], "ended": ["plateau", "plateau", "solved"]})
     assert recall_tables.ending(runs, "t", "gla") == "800p/1400s"
+    # Flat in accuracy but not in loss: a plateau stop whose loss still fell over the window is "p*".
+    falling = runs.assign(late_loss_drop=[0.2, 0.01, 0.2])
+    assert recall_tables.ending(falling, "t", "gla") == "800p/1400s/800p*"  # seeds 0, 1, 2
     assert recall_tables.plateau_words(runs.assign(plateau_rule="{}")) == ""
 
 
@@ -326,5 +329,7 @@ def test_curve_ends_reads_the_first_and_last_evaluation_and_gradient_norms(tmp_p
     (tmp_path / "log.csv").write_text("\n".join(rows) + "\n")
     ends = curve_ends(tmp_path)
     assert (ends["first_eval_loss"], ends["last_eval_loss"]) == (4.8, 4.5)
+    assert ends["late_loss_drop"] == pytest.approx(0.3 / 4.8)  # the last quarter: steps 8-10, from the eval at 5
+    assert curve_ends(tmp_path, window=6)["late_loss_drop"] is None  # no evaluation 6 steps before the end
     assert ends["grad_norm_first"] == pytest.approx(sum(range(1, GRAD_ROWS + 1)) / 10 / GRAD_ROWS)
     assert ends["grad_norm_last"] == pytest.approx(sum(range(11 - GRAD_ROWS, 11)) / 10 / GRAD_ROWS)

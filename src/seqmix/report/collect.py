@@ -42,6 +42,7 @@ class RunRow(TypedDict):
     blind_loss: float | None  # loss of a model that reads nothing of the input (MQAR: ln values); empty: none
     first_eval_loss: float | None  # loss at the first and last periodic evaluation
     last_eval_loss: float | None
+    late_loss_drop: float | None  # relative fall of the evaluation loss over the plateau window (else the last quarter)
     grad_norm_first: float | None  # mean gradient norm (before clipping) of the first and last
     grad_norm_last: float | None  # GRAD_ROWS logged training rows
     eval_split: str  # final evaluation on the eval split ...
@@ -96,7 +97,7 @@ def run_row(run_dir: Path) -> RunRow:
         "plateau_rule": json.dumps(m["plateau"] or {}, sort_keys=True),
         "diverged_at_step": m["diverged_at_step"], "seen": m["seen"], "seen_unit": m["seen_unit"],
         "reach": m["reach"], "chance": m["chance"], "final_gain": final_gain(run_dir, m),
-        "blind_loss": m.get("blind_loss"), **curve_ends(run_dir),
+        "blind_loss": m.get("blind_loss"), **curve_ends(run_dir, (m["plateau"] or {}).get("window")),
         "eval_split": m["eval_split"], "eval_value": ev.get(metric), "eval_loss": ev.get("loss"),
         "eval_scored": ev.get("scored"), "test_split": m["test_split"], "test_value": te.get(metric),
         "test_loss": te.get("loss"), "test_scored": te.get("scored"), "scored_unit": m["scored_unit"],
@@ -111,16 +112,27 @@ def run_row(run_dir: Path) -> RunRow:
 GRAD_ROWS = 4
 
 
-def curve_ends(run_dir: Path) -> dict:
-    """The first and last periodic evaluation losses and the mean gradient norms of the first
-    and last GRAD_ROWS logged training rows: whether a run's loss moved at all, and whether
-    its gradients died (the recall report's reasons for a run below chance)."""
+def curve_ends(run_dir: Path, window: int | None = None) -> dict:
+    """The first and last periodic evaluation losses, the relative fall of that loss over the
+    last ``window`` steps (the plateau rule's window; None: the last quarter of the steps),
+    and the mean gradient norms of the first and last GRAD_ROWS logged training rows: whether
+    a run's loss moved at all, whether it was still falling when it stopped, and whether its
+    gradients died (the recall report's reasons for a run below chance)."""
     rows = read_csv_rows(run_dir / "log.csv")
-    evals = [float(r["loss"]) for r in rows if r["phase"] == "eval" and r["loss"]]
+    evals = [(int(r["step"]), float(r["loss"])) for r in rows if r["phase"] == "eval" and r["loss"]]
     norms = [float(r["grad_norm"]) for r in rows if r["phase"] == "train" and r["grad_norm"]]
+
     def mean(xs):
         return sum(xs) / len(xs) if xs else None
-    return {"first_eval_loss": evals[0] if evals else None, "last_eval_loss": evals[-1] if evals else None,
+
+    late_drop = None
+    if evals:
+        end, last = evals[-1]
+        start = end - (window if window else end // 4)
+        before = [loss for step, loss in evals if step <= start]
+        late_drop = (before[-1] - last) / before[-1] if before and before[-1] else None
+    return {"first_eval_loss": evals[0][1] if evals else None, "last_eval_loss": evals[-1][1] if evals else None,
+            "late_loss_drop": late_drop,
             "grad_norm_first": mean(norms[:GRAD_ROWS]), "grad_norm_last": mean(norms[-GRAD_ROWS:])}
 
 

@@ -58,11 +58,22 @@ def distance_curves(runs: pd.DataFrame, breakdown: pd.DataFrame, group: str) -> 
 ENDED_MARK = {"solved": "s", "plateau": "p", "budget": "b", "diverged": "d"}
 
 
+# A run stopped on an accuracy plateau whose validation loss still fell by more than this
+# fraction over the plateau's window is marked "p*": flat in accuracy, not in loss.
+LOSS_STILL_FALLING = 0.05
+
+
 def ending(runs: pd.DataFrame, task: str, arch: str) -> str:
-    """The step each seed of one run ended at and why, e.g. "700s" or "800p/1000p"."""
+    """The step each seed of one run ended at and why, e.g. "700s" or "800p/1000p*"."""
     rows = runs[(runs.task == task) & (runs.arch == arch)].sort_values("seed")
-    ends = (f"{int(r.steps_completed)}{ENDED_MARK.get(r.ended, '?')}" for r in rows.itertuples())
+    ends = (f"{int(r.steps_completed)}{ENDED_MARK.get(r.ended, '?')}{still_falling(r)}" for r in rows.itertuples())
     return "/".join(dict.fromkeys(ends))
+
+
+def still_falling(run) -> str:
+    """"*" for a run stopped on a plateau while its validation loss was still falling."""
+    drop = getattr(run, "late_loss_drop", None)
+    return "*" if run.ended == "plateau" and drop is not None and drop > LOSS_STILL_FALLING else ""
 
 
 def recall_cell(runs: pd.DataFrame, best_rows: pd.DataFrame, width: float) -> str:
@@ -81,7 +92,8 @@ def plateau_words(runs: pd.DataFrame) -> str:
         return "p stopped on a plateau (rules differ between runs), " if rules else ""
     rule = json.loads(rules.pop())
     return (f"p stopped on a plateau (from step {rule['after']:,}, the best validation accuracy of the last "
-            f"{rule['window']:,} steps beat the best before them by less than {rule['min_gain']:g}), ")
+            f"{rule['window']:,} steps beat the best before them by less than {rule['min_gain']:g}; p* while its "
+            f"validation loss still fell by more than {LOSS_STILL_FALLING:.0%} over those steps), ").replace("%", "\\%")
 
 
 def recall_table(runs: pd.DataFrame, best: dict[str, pd.DataFrame]) -> str:
