@@ -50,7 +50,7 @@ rule collect:
     input:
         runs=JOBS.run_files("metrics.json") + JOBS.run_files("eval.json"),
         # The module that makes the rows: a column added there rewrites runs.csv.
-        code="src/seqmix/report/collect.py",
+        code=str(SRC / "src" / "seqmix" / "report" / "collect.py"),
     output:
         runs=f"{RESULTS}/summary/runs.csv",
         breakdown=f"{RESULTS}/summary/breakdown.csv",
