@@ -203,10 +203,22 @@ def _stderr_into(path: str):
         os.close(saved)
 
 
+def _message(err: Exception) -> str:
+    """An error's message on one line. Triton's front-end errors quote the kernel's source up
+    to the failing line, then give the reason: kept as place, line and reason."""
+    text = str(err)
+    reason = getattr(err, "error_message", None)
+    if reason and text.startswith("at "):
+        lines = text.splitlines()
+        caret = next((i for i, ln in enumerate(lines) if ln.strip() == "^"), 0)
+        text = f"{lines[0]} {lines[caret - 1].strip() + ': ' if caret else ''}{reason}"
+    return " ".join(text.split())[:400]
+
+
 def _first_error_lines(err: Exception, stderr: str, n: int = 3) -> str:
     keep = [ln.strip() for ln in stderr.splitlines()
             if re.search(r"Assertion|error:|Error|failed", ln) and len(ln) < 2000]
-    keep.append(f"{type(err).__name__}: {' '.join(str(err).split())[:400]}")
+    keep.append(f"{type(err).__name__}: {_message(err)}")
     return " | ".join(dict.fromkeys(keep[:n] + keep[-1:]))
 
 
