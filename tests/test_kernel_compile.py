@@ -64,13 +64,16 @@ def test_tssa_kernels_compile_at_the_bench_launches(tmp_path):
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm80_and_sm90_at_every_launch(tmp_path):
     from seqmix.bench import compile_check
+    from seqmix.bench.kernels import CASES as BENCH_CASES
 
     _, report = _check(tmp_path)
     rows = report["rows"]
-    # the cases reach every kernel module from every source that uses it
+    # the cases reach every kernel module from every source that uses it (the bench times no
+    # selective scan)
+    benched = {op for op, impl, _ in BENCH_CASES if impl == "triton"}
     for name in compile_check.KERNELS:
         origins = {o.split()[0] for r in rows if r["kernel"].startswith(f"{name}.") for o in r["origins"]}
-        assert {"config", "paper", "bench", "tests"} <= origins, (name, origins)
+        assert {"config", "paper", "tests"} | ({"bench"} if name in benched else set()) <= origins, (name, origins)
 
 
 def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_does_not_compile(tmp_path):
@@ -106,6 +109,54 @@ def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_doe
     assert status == "ok"
     spec, status = got[8]
     assert status.startswith("failed: ") and "this kernel needs K >= 16" in status, status
+
+
+def test_every_triton_kernel_module_is_in_the_check():
+    """Each kernels/*.py with a ``@triton.jit`` kernel is named in ``seqmix.kernels.KERNELS``
+    and has a ``compile_cases.KERNELS`` entry for that module with its tests' shapes: Mamba's
+    scan, merged from another branch, once had none, and the check never compiled it."""
+    from pathlib import Path
+
+    from seqmix import kernels
+    from seqmix.bench import compile_cases
+
+    with_jit = {p.stem for p in Path(kernels.__file__).parent.glob("*.py") if "@triton.jit" in p.read_text()}
+    assert with_jit == set(kernels.KERNELS) == set(compile_cases.KERNELS), (with_jit, sorted(kernels.KERNELS))
+    for name, entry in compile_cases.KERNELS.items():
+        assert entry.module == kernels.KERNELS[name].split(":")[0], (name, entry.module)
+        assert entry.tests is not None, name
+
+
+def test_the_check_reaches_the_selective_scan_and_reports_a_scan_that_does_not_compile():
+    """The Mamba mixer of a profile case takes its Triton path under recording, and the scan's
+    host code runs (its halves are custom ops, whose fake impls launch nothing): forward and
+    backward launches are recorded, as from the scan's own test shapes; a scan launch the
+    compiler rejects (a chunk of 12 tokens: not a power of 2) is a failed row."""
+    script = textwrap.dedent('''
+        import importlib, json
+        from seqmix.bench import compile_check as cc
+        from seqmix.bench.compile_cases import KERNELS, profile_cases
+
+        modules = [importlib.import_module(e.module) for e in KERNELS.values()]
+        scan = {KERNELS["selective_scan"].module}
+        sources = {"profiles": [next(c for c in profile_cases() if " mamba " in c[0] and " train " in c[0])],
+                   "tests": list(KERNELS["selective_scan"].tests())[:2]}
+        got = {}
+        for source, cases in sources.items():
+            launches, errors = cc.record(cases, modules, scan)
+            got[source] = [sorted({launch.kernel.fn.__name__ for launch in launches}), errors]
+        launch = next(launch for launch in launches if launch.kernel.fn.__name__ == "_fwd_kernel")
+        launch.kwargs["BT"] = 12
+        (data, _), = cc.specialise(90, [launch]).items()
+        got["BT=12"] = cc.compile_one(90, "seqmix.kernels.selective_scan:_fwd_kernel", data)[0]
+        print(json.dumps(got))
+    ''')
+    proc = _run(["-c", script])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for source in ("profiles", "tests"):
+        assert got[source] == [["_bwd_kernel", "_fwd_kernel"], []], (source, got[source])
+    assert got["BT=12"].startswith("failed: ") and "power of 2" in got["BT=12"], got["BT=12"]
 
 
 def test_a_profile_case_runs_a_mixer_as_training_and_evaluation_do():

@@ -8,8 +8,13 @@ kernels, as (origin, call) cases that ``seqmix.bench.compile_jit.record`` runs o
   shorter lengths where a task makes them (``SHORTER``); the complexity analysis and the
   throughput benchmark at their shapes.
 - ``bench``: ``bench kernels``'s triton cases at batch 4, its lengths and the GPU
-  correctness lengths, in bf16, fp16 and fp32, forward and backward.
+  correctness lengths, in bf16, fp16 and fp32, forward and backward. It has none for Mamba's
+  selective scan (not timed there), so the scan's launches come from the other two sources.
 - ``tests``: each kernel's test shapes (the ``*_CASES`` tables of tests/test_kernels.py).
+
+Mamba reaches its scan as the other mixers reach their kernels (``dispatch``'s Triton path);
+the scan's halves are ``torch.library`` custom ops, whose host code the recording runs in
+place of their fake impls (``compile_jit``).
 
 Not covered: the sparsity and geometry analyses and generation (no kernel there).
 A new kernel is one ``KERNELS`` entry here (and its name in ``seqmix.kernels.KERNELS``).
@@ -93,6 +98,22 @@ def _tssa_tests() -> Iterator[Case]:
             yield f"tests tssa B{B} H{H} L{L} p{p} {'causal' if causal else 'non-causal'} {_dt(dt)}", call
 
 
+def _selective_scan_tests() -> Iterator[Case]:
+    from seqmix.kernels.selective_scan import selective_scan
+
+    for Bt, D, N, L, _strong, skip_and_gate in _kernel_test_table("SCAN_CASES"):
+        for dt in _test_dtypes():
+            def call(Bt=Bt, D=D, N=N, L=L, skip_and_gate=skip_and_gate, dt=dt):
+                # 16-bit u, B, C, z beside fp32 Δ, A, D: what the layer passes under autocast
+                # (tests/test_kernels.py's half-input test); all fp32 otherwise
+                u, B, C = _param(Bt, D, L, dtype=dt), _param(Bt, N, L, dtype=dt), _param(Bt, N, L, dtype=dt)
+                delta, A = _param(Bt, D, L), _param(D, N)
+                skip, z = (_param(D), _param(Bt, D, L, dtype=dt)) if skip_and_gate else (None, None)
+                _backward(selective_scan(u, delta, A, B, C, skip, z))
+            yield (f"tests selective_scan Bt{Bt} D{D} N{N} L{L} {'with' if skip_and_gate else 'without'} D, z "
+                   f"{_dt(dt)}"), call
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelEntry:
     """A module of Triton kernels: every module-level ``@triton.jit`` kernel in it must compile
@@ -106,6 +127,7 @@ KERNELS: dict[str, KernelEntry] = {
     "grassmann": KernelEntry("seqmix.kernels.grassmann", _grassmann_tests),
     "gla": KernelEntry("seqmix.kernels.gla", _gla_tests),
     "tssa": KernelEntry("seqmix.kernels.tssa", _tssa_tests),
+    "selective_scan": KernelEntry("seqmix.kernels.selective_scan", _selective_scan_tests),
 }
 
 

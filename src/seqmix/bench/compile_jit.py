@@ -5,6 +5,8 @@ Triton compiles a kernel once per specialisation: pointer dtypes and 16-byte ali
 integers equal to 1 (compiled in as constants) or multiples of 16, constexprs, num_warps.
 A kernel can compile at one and fail at another (ToST's causal kernels with Triton 3.6,
 issue 24), so the specialisations come from the real calls, through Triton's own binder.
+Kernels behind a ``torch.library`` custom op (Mamba's selective scan) are reached by running
+the op's own host code on the fakes, where FakeTensorMode would run only its fake impl.
 """
 
 from __future__ import annotations
@@ -90,6 +92,29 @@ def jit_kernels(module) -> dict:
             if isinstance(obj, JITFunction) and obj.fn.__module__ == module.__name__}
 
 
+def custom_ops(module) -> list:
+    """The module's own ``torch.library`` custom ops (selective_scan's halves)."""
+    from torch._library.custom_ops import CustomOpDef
+
+    return [op for op in vars(module).values()
+            if isinstance(op, CustomOpDef) and op._init_fn.__module__ == module.__name__]
+
+
+@contextlib.contextmanager
+def _real_host_code(ops: list):
+    """FakeTensorMode runs a custom op's fake impl (shapes only: no launch); in the block it
+    runs the op's own function instead, whose host code launches the kernels on the fakes.
+    ``_abstract_fn`` / ``_init_fn`` are torch's CustomOpDef internals (torch 2.4 to 2.13)."""
+    fakes = [op._abstract_fn for op in ops]
+    for op in ops:
+        op._abstract_fn = op._init_fn
+    try:
+        yield
+    finally:
+        for op, fake in zip(ops, fakes):
+            op._abstract_fn = fake
+
+
 @dataclasses.dataclass
 class Launch:
     """One distinct launch: the kernel, its arguments as the binder sees them, where it came from."""
@@ -121,6 +146,7 @@ def _gpu_host_code(modules: list, sink: dict[tuple, Launch], origin: list[str], 
         return launch
 
     kernels = [k for m in modules for k in jit_kernels(m).values()]
+    ops = [op for m in modules for op in custom_ops(m)]
     if any(_common.interpreted(k) for k in kernels):
         raise RuntimeError("the kernels were defined under the Triton interpreter (TRITON_INTERPRET=1): "
                            "run this check in a process without it")
@@ -130,7 +156,7 @@ def _gpu_host_code(modules: list, sink: dict[tuple, Launch], origin: list[str], 
     for k in kernels:
         k.run = keep(k)
     try:
-        with dispatch.isolated("auto"):
+        with dispatch.isolated("auto"), _real_host_code(ops):
             yield
     finally:
         for k in kernels:
@@ -203,10 +229,22 @@ def _stderr_into(path: str):
         os.close(saved)
 
 
+def _message(err: Exception) -> str:
+    """An error's message on one line. Triton's front-end errors quote the kernel's source up
+    to the failing line, then give the reason: kept as place, line and reason."""
+    text = str(err)
+    reason = getattr(err, "error_message", None)
+    if reason and text.startswith("at "):
+        lines = text.splitlines()
+        caret = next((i for i, ln in enumerate(lines) if ln.strip() == "^"), 0)
+        text = f"{lines[0]} {lines[caret - 1].strip() + ': ' if caret else ''}{reason}"
+    return " ".join(text.split())[:400]
+
+
 def _first_error_lines(err: Exception, stderr: str, n: int = 3) -> str:
     keep = [ln.strip() for ln in stderr.splitlines()
             if re.search(r"Assertion|error:|Error|failed", ln) and len(ln) < 2000]
-    keep.append(f"{type(err).__name__}: {' '.join(str(err).split())[:400]}")
+    keep.append(f"{type(err).__name__}: {_message(err)}")
     return " | ".join(dict.fromkeys(keep[:n] + keep[-1:]))
 
 
