@@ -64,6 +64,19 @@ class Budget(Section):
     ffn_step: int = Field(8, ge=1, description="d_ff candidates of that refinement are multiples of this")
 
 
+def _per_architecture(v, key: str, what: str, choices: tuple[str, ...]):
+    """A setting given for all architectures or per architecture ({<arch>: ..., default: ...}):
+    every value one of ``choices``, every key ``default`` or a catalogued mixer."""
+    bad = sorted({c for c in ([v] if isinstance(v, str) else v.values()) if c not in choices})
+    if bad:
+        raise ValueError(f"unknown {what} {', '.join(map(repr, bad))}; choose from: {', '.join(choices)}")
+    unknown = sorted(set(v) - {"default", *catalogue.mixer_names()}) if isinstance(v, dict) else []
+    if unknown:
+        raise ValueError(f"unknown architecture(s) {', '.join(unknown)} in {key}; keys are "
+                         f"default or: {', '.join(catalogue.mixer_names())}")
+    return v
+
+
 POSITIONS = ("learned", "none")
 
 
@@ -96,27 +109,12 @@ class ModelSpec(Section):
     @field_validator("block")
     @classmethod
     def _block_names_and_architectures(cls, v):
-        choices = ("native", *catalogue.BLOCKS)
-        bad = sorted({b for b in ([v] if isinstance(v, str) else v.values()) if b not in choices})
-        if bad:
-            raise ValueError(f"unknown block(s) {', '.join(map(repr, bad))}; choose from: {', '.join(choices)}")
-        unknown = sorted(set(v) - {"default", *catalogue.mixer_names()}) if isinstance(v, dict) else []
-        if unknown:
-            raise ValueError(f"unknown architecture(s) {', '.join(unknown)} in model.block; keys are "
-                             f"default or: {', '.join(catalogue.mixer_names())}")
-        return v
+        return _per_architecture(v, "model.block", "block(s)", ("native", *catalogue.BLOCKS))
 
     @field_validator("positions")
     @classmethod
     def _position_schemes(cls, v):
-        bad = sorted({p for p in ([v] if isinstance(v, str) else v.values()) if p not in POSITIONS})
-        if bad:
-            raise ValueError(f"unknown position scheme(s) {', '.join(map(repr, bad))}; choose from: {', '.join(POSITIONS)}")
-        unknown = sorted(set(v) - {"default", *catalogue.mixer_names()}) if isinstance(v, dict) else []
-        if unknown:
-            raise ValueError(f"unknown architecture(s) {', '.join(unknown)} in model.positions; keys are "
-                             f"default or: {', '.join(catalogue.mixer_names())}")
-        return v
+        return _per_architecture(v, "model.positions", "position scheme(s)", POSITIONS)
 
     def positions_for(self, arch: str) -> str:
         """The position scheme ``arch`` trains with under this spec."""
