@@ -46,6 +46,7 @@ from seqmix.mixers import dispatch
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.spec import CopyProbeJob
 from seqmix.train.loop import lr_lambda, make_optimizer, resolve_device
+from seqmix.train.step import optimizer_step
 
 
 class CopyProbeRow(TypedDict):
@@ -120,13 +121,8 @@ def probe(job: CopyProbeJob, arch: str, device: torch.device | None = None) -> C
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train))
     model.train()
     for _ in range(train.steps):
-        x, y = (t.to(device) for t in copy_batch(random_tokens(train.batch_size, probe.seq_len, probe.vocab_size, train_gen)))
-        loss = model.loss(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if train.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
-        opt.step()
+        batch = tuple(t.to(device) for t in copy_batch(random_tokens(train.batch_size, probe.seq_len, probe.vocab_size, train_gen)))
+        optimizer_step(lambda b: model.loss(*b), model, opt, train.grad_clip, batch)  # training's own step
         sched.step()
     held_out = random_tokens(probe.eval_sequences, probe.seq_len, probe.vocab_size, eval_gen)
     accuracy, loss = score(model, held_out, train.batch_size, device)
