@@ -209,11 +209,11 @@ def test_each_run_below_chance_gets_the_first_reason_its_measurements_show():
     above the informed-chance level; and each reason quotes its numbers."""
     reach = floor_run("grassmann", reach=32.0)
     near_only = distance_rows("grassmann", {10: (90, 100), 40: (1, 100)})
-    split = recall_tables.reach_split(near_only, reach)
+    split = recall_tables.run_reach_split(near_only, reach)
     assert split == (0.9, 0.01, 100)
     assert recall_tables.floor_reason(reach, split, None).startswith("receptive field: recalls keys within its reach of 32")
     # Within reach at chance too: the reach explains nothing; a flat loss does, with both halves quoted.
-    flat = recall_tables.floor_reason(reach, recall_tables.reach_split(distance_rows("grassmann", {10: (1, 100), 40: (1, 100)}), reach), 0.92)
+    flat = recall_tables.floor_reason(reach, recall_tables.run_reach_split(distance_rows("grassmann", {10: (1, 100), 40: (1, 100)}), reach), 0.92)
     assert flat.startswith("optimisation: validation loss at the blind level ln 128 = 4.85") and "0.15" in flat
     assert "0.010 on keys within its reach of 32 tokens, 0.010 on the 100 beyond" in flat
     assert recall_tables.floor_reason(floor_run("tssa", last_eval_loss=4.1), None, 0.03).startswith(

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from seqmix.report.summary import best_of_sweep, best_point, mean_ci
+from seqmix.report.summary import best_of_sweep, best_point, mean_ci, reach_split
 
 REQUIRED_KEYS = {"id", "claim", "source", "reported", "kind", "unit", "agree_if", "requires"}
 VERDICTS = ("agrees", "disagrees", "inconclusive", "not testable")
@@ -295,12 +295,7 @@ def eval_recall_beyond_reach(res: Results, claim: dict) -> ClaimResult:
     reach, chance = run.reach.iloc[0], float(run.chance.iloc[0])
     if pd.isna(reach):
         return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim['arch']} has no finite reach")
-    b = table[(table.task == task) & (table.arch == claim["arch"]) & (table.by == "query_distance")
-              & (table.split == run.test_split.iloc[0])]
-    beyond, inside = b[b.value > reach], b[b.value <= reach]
-    n_out, n_in = int(beyond.scored.sum()), int(inside.scored.sum())
-    acc_out = beyond.correct.sum() / n_out if n_out else float("nan")
-    acc_in = inside.correct.sum() / n_in if n_in else float("nan")
+    acc_in, n_in, acc_out, n_out = reach_split(table, task, claim["arch"], run.test_split.iloc[0], reach)
     half = 1.96 * math.sqrt(acc_out * (1 - acc_out) / n_out) if n_out else float("nan")
     measured = (f"{task} (best point), reach {int(reach)} tokens, chance {chance:.3f}: "
                 f"accuracy {acc_in:.3f} on {n_in:,} queries within reach, {acc_out:.3f} on {n_out:,} beyond")

@@ -15,7 +15,7 @@ import pandas as pd
 from seqmix.catalogue import label as task_label
 from seqmix.report.latex import escape, table
 from seqmix.report.style import arch_label, ordered
-from seqmix.report.summary import best_of_sweep, best_point, sweep_axes
+from seqmix.report.summary import best_of_sweep, best_point, reach_split, sweep_axes
 
 WIDTH = "model.d_model"  # the sweep axis the recall figures are drawn against
 DISTANCE_BINS = 8
@@ -140,19 +140,13 @@ FLAT_LOSS = 0.02
 MIN_COPY = 0.5
 
 
-def reach_split(breakdown: pd.DataFrame, run: pd.Series) -> tuple[float, float, int] | None:
+def run_reach_split(breakdown: pd.DataFrame, run: pd.Series) -> tuple[float, float, int] | None:
     """(accuracy on test queries whose key is within the run's reach, accuracy beyond it,
     queries beyond) of a run with a finite reach and a distance breakdown; None otherwise."""
     if pd.isna(run.reach):
         return None
-    rows = breakdown[(breakdown.task == run.task) & (breakdown.arch == run.arch) & (breakdown.by == "query_distance")
-                     & (breakdown.split == run.test_split)]
-    if rows.empty:
-        return None
-    near = rows.value.astype(float) <= run.reach
-    def acc(sel):
-        return rows[sel].correct.sum() / rows[sel].scored.sum() if rows[sel].scored.sum() else float("nan")
-    return acc(near), acc(~near), int(rows[~near].scored.sum())
+    acc_in, n_in, acc_out, n_out = reach_split(breakdown, run.task, run.arch, run.test_split, run.reach)
+    return (acc_in, acc_out, n_out) if n_in + n_out else None
 
 
 def floor_reason(run: pd.Series, split: tuple[float, float, int] | None, copy_accuracy: float | None) -> str:
@@ -190,7 +184,7 @@ def floor_rows(runs: pd.DataFrame, breakdown: pd.DataFrame, best: dict[str, pd.D
                 continue
             out.append({"group": g, "arch": point.arch, "width": point.per_value, "test": point.test_mean,
                         "ending": ending(runs, point.task, point.arch),
-                        "reason": floor_reason(run, reach_split(breakdown, run), copy.get(point.arch))})
+                        "reason": floor_reason(run, run_reach_split(breakdown, run), copy.get(point.arch))})
     return out
 
 

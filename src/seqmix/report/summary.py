@@ -88,3 +88,15 @@ def best_point(runs: pd.DataFrame, group: str, arch: str) -> str | None:
         return None
     higher = bool(summ.higher_is_better.iloc[0])
     return summ.sort_values("eval_mean", ascending=not higher).task.iloc[0]
+
+
+def reach_split(breakdown: pd.DataFrame, task: str, arch: str, split: str, reach: float) -> tuple[float, int, float, int]:
+    """(accuracy, queries) on the ``split`` queries of one run whose key lies within ``reach``
+    tokens, then the same beyond it, from breakdown.csv's query distances (nan: no query)."""
+    rows = breakdown[(breakdown.task == task) & (breakdown.arch == arch) & (breakdown.by == "query_distance")
+                     & (breakdown.split == split)]
+    near = rows.value.astype(float) <= reach
+    inside, beyond = rows[near], rows[~near]
+    n_in, n_out = int(inside.scored.sum()), int(beyond.scored.sum())
+    return (inside.correct.sum() / n_in if n_in else float("nan"), n_in,
+            beyond.correct.sum() / n_out if n_out else float("nan"), n_out)
