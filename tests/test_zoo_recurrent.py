@@ -520,6 +520,12 @@ def test_reference_initialisations_survive_the_lm_init():
     assert (dt >= 1e-3 * 0.999).all() and (dt <= 0.1 * 1.001).all()
     w = mamba.dt_proj.weight
     assert w.abs().max() <= R**-0.5 and w.std() > 0.1 * R**-0.5  # U(±R^-1/2), not N(0, 0.02)
+    # mamba_ssm leaves the mixer's other linear maps at nn.Linear's init, U(±fan_in^-1/2):
+    # std fan_in^-1/2 / √3, which at fan_in 32 and 64 is 0.10 and 0.072, not 0.02.
+    for linear in (mamba.in_proj, mamba.x_proj):
+        bound = linear.in_features**-0.5
+        assert linear.weight.abs().max() <= bound
+        assert abs(linear.weight.std().item() - bound / math.sqrt(3)) < 0.1 * bound / math.sqrt(3)
 
     h3 = lm("h3").blocks[0].mixer
     M = h3.options.d_state // 2

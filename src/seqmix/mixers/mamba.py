@@ -37,8 +37,9 @@ kept from the forward. Time and memory O(L D N): linear in L. Without a fused ke
 
 Initialisation (mamba_simple.py, re-applied by ``reset_mixer_parameters`` after the LM's
 GPT-2 init): A_log = log(1..N) per channel, D = 1, dt_proj weight U(±dt_rank^-1/2),
-b_Δ = softplus⁻¹(Δ₀) with Δ₀ ~ LogUniform[1e-3, 1e-1] floored at 1e-4. A_log and D are
-excluded from weight decay.
+b_Δ = softplus⁻¹(Δ₀) with Δ₀ ~ LogUniform[1e-3, 1e-1] floored at 1e-4, and in_proj and
+x_proj at nn.Linear's own init, U(±fan_in^-1/2), which mamba_ssm's model init leaves alone.
+A_log and D are excluded from weight decay.
 """
 
 from __future__ import annotations
@@ -327,6 +328,12 @@ class Mamba(Mixer):
         """The reference initialisations that must survive the LM's GPT-2 init (state-spaces/mamba ``mamba_simple.py``)."""
         o = self.options
         with torch.no_grad():
+            # mamba_ssm's model init re-draws only embeddings and residual projections: the
+            # mixer's other linear maps keep nn.Linear's own (Kaiming-uniform) init, ~3.6x the
+            # GPT-2 N(0, 0.02) at d 64. With 0.02, B·C and Δ·B·x start near zero and MQAR
+            # stayed at its informed-chance plateau (README, "How the default MQAR recipe was chosen").
+            for linear in (self.in_proj, self.x_proj):
+                nn.init.kaiming_uniform_(linear.weight, a=math.sqrt(5))
             std = self.dt_rank**-0.5 * o.dt_scale
             nn.init.uniform_(self.dt_proj.weight, -std, std)
             # softplus(b_Δ) ~ LogUniform[dt_min, dt_max], floored; b_Δ = Δ + log(1 - e^-Δ).
