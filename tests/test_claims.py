@@ -232,8 +232,14 @@ def test_width_to_reach_at_the_bound_and_beyond_the_sweep(tmp_path):
     assert at.value == pytest.approx(1.0) and at.verdict == "agrees"
     never = evaluate(tmp_path, [WIDTH], widths({8: (0.3, 0.3), 16: (0.3, 0.3), 32: (0.3, 0.3)})).loc["width"]
     assert never.value == pytest.approx(3.0) and never.ours.startswith("≥") and "lower bound" in never.why
+    # The baseline never reaches it: needs at least 64, so the ratio is at most log2(8 / 64),
+    # which fails "at least 1" whatever the baseline's true need.
     no_base = evaluate(tmp_path, [WIDTH], widths({8: (0.95, 0.95)}, softmax_reaches_at=None)).loc["width"]
-    assert no_base.verdict == "not testable" and "no baseline" in no_base.why
+    assert no_base.value == pytest.approx(-3.0) and no_base.verdict == "disagrees"
+    assert no_base.ours.startswith("≤") and "softmax never reached it: an upper bound" in no_base.why
+    # Neither reaches it: two lower bounds say nothing about their ratio.
+    neither = evaluate(tmp_path, [WIDTH], widths({8: (0.3, 0.3)}, softmax_reaches_at=None)).loc["width"]
+    assert neither.verdict == "not testable" and "neither linear nor softmax reaches 0.9" in neither.why
 
 
 # --- recall_beyond_reach ---------------------------------------------------------------------

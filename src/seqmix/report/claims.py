@@ -256,8 +256,10 @@ def _needed(best: pd.DataFrame, arch: str, threshold: float) -> float:
 
 def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
     """How much more of a swept axis (width) ``arch`` needs than the ``baselines`` to reach
-    ``threshold``: log2(needed[arch] / max(needed[baseline])). ``arch`` never reaching it
-    within the sweep counts as needing twice the largest value swept (a lower bound)."""
+    ``threshold``: log2(needed[arch] / max(needed[baseline])). A mixer never reaching it
+    within the sweep counts as needing at least twice the largest value swept: ``arch`` so,
+    the ratio is a lower bound; a baseline so, an upper bound, which decides only a claim
+    it fails; both so, nothing is decided."""
     rows = _group_rows(res, claim)
     archs = [claim["arch"], *claim["baselines"]]
     best = best_of_sweep(rows, claim["task"], claim["per"]) if len(rows) else pd.DataFrame()
@@ -268,14 +270,27 @@ def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
     axis = claim["per"].split(".")[-1]
     told = "; ".join(f"{a} {'never' if math.isinf(w) else f'at {axis} {w:g}'}" for a, w in needed.items())
     measured = _sweep_scale(rows, claim["per"], sorted(best.per_value.unique())) + f"; test {best.metric.iloc[0]} ≥ {claim['threshold']:g}: {told}"
+    # A mixer that never reaches the threshold needs at least twice the largest width swept:
+    # its need is a lower bound, so the ratio is a lower bound (arch) or an upper bound (a
+    # baseline), and decides the claim only where every value beyond that bound would.
+    beyond = 2 * float(best.per_value.max())
+    never = [a for a in archs if math.isinf(needed[a])]
     base = max(needed[b] for b in claim["baselines"])
-    if math.isinf(base):
+    if math.isinf(base) and claim["arch"] in never:
         return _result(claim, float("nan"), float("nan"), measured, "not testable",
-                       f"no baseline ({', '.join(claim['baselines'])}) reaches {claim['threshold']:g} at the widths swept")
-    mine = needed[claim["arch"]] if not math.isinf(needed[claim["arch"]]) else 2 * float(best.per_value.max())
+                       f"neither {claim['arch']} nor {', '.join(b for b in never if b != claim['arch'])} reaches "
+                       f"{claim['threshold']:g} at the widths swept: both needs are only lower bounds")
+    if math.isinf(base):
+        value = math.log2(needed[claim["arch"]] / beyond)
+        if value >= claim["agree_if"].get("min", -math.inf):
+            return _result(claim, float("nan"), float("nan"), measured, "not testable",
+                           f"no baseline ({', '.join(claim['baselines'])}) reaches {claim['threshold']:g} at the widths swept")
+        result = _decide(claim, value, float("nan"), measured, [])
+        return dataclasses.replace(result, ours=f"≤ {value:.3g}", why=result.why + f" ({', '.join(never)} never reached it: an upper bound)")
+    mine = needed[claim["arch"]] if claim["arch"] not in never else beyond
     value = math.log2(mine / base)
     result = _decide(claim, value, float("nan"), measured, [])
-    if math.isinf(needed[claim["arch"]]):
+    if claim["arch"] in never:
         result = dataclasses.replace(result, ours=f"≥ {value:.3g}", why=result.why + f" ({claim['arch']} never reached it: a lower bound)")
     return result
 
