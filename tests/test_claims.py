@@ -237,6 +237,9 @@ def test_width_to_reach_at_the_bound_and_beyond_the_sweep(tmp_path):
     no_base = evaluate(tmp_path, [WIDTH], widths({8: (0.95, 0.95)}, softmax_reaches_at=None)).loc["width"]
     assert no_base.value == pytest.approx(-3.0) and no_base.verdict == "disagrees"
     assert no_base.ours.startswith("≤") and "softmax never reached it: an upper bound" in no_base.why
+    # The same upper bound under a criterion it meets decides nothing.
+    loose = evaluate(tmp_path, [{**WIDTH, "agree_if": {"min": -5.0}}], widths({8: (0.95, 0.95)}, softmax_reaches_at=None)).loc["width"]
+    assert loose.verdict == "not testable" and "at most -3, a bound that does not decide ≥ -5" in loose.why
     # Neither reaches it: two lower bounds say nothing about their ratio.
     neither = evaluate(tmp_path, [WIDTH], widths({8: (0.3, 0.3)}, softmax_reaches_at=None)).loc["width"]
     assert neither.verdict == "not testable" and "neither linear nor softmax reaches 0.9" in neither.why

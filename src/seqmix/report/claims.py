@@ -284,7 +284,8 @@ def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
         value = math.log2(needed[claim["arch"]] / beyond)
         if value >= claim["agree_if"].get("min", -math.inf):
             return _result(claim, float("nan"), float("nan"), measured, "not testable",
-                           f"no baseline ({', '.join(claim['baselines'])}) reaches {claim['threshold']:g} at the widths swept")
+                           f"{', '.join(never)} never reaches {claim['threshold']:g} at the widths swept: the ratio is "
+                           f"at most {value:.3g}, a bound that does not decide {criterion(claim['agree_if'])}")
         result = _decide(claim, value, float("nan"), measured, [])
         return dataclasses.replace(result, ours=f"≤ {value:.3g}", why=result.why + f" ({', '.join(never)} never reached it: an upper bound)")
     mine = needed[claim["arch"]] if claim["arch"] not in never else beyond
