@@ -330,8 +330,7 @@ class Mamba(Mixer):
         with torch.no_grad():
             # mamba_ssm's model init re-draws only embeddings and residual projections: the
             # mixer's other linear maps keep nn.Linear's own (Kaiming-uniform) init, ~3.6x the
-            # GPT-2 N(0, 0.02) at d 64. With 0.02, B·C and Δ·B·x start near zero and MQAR
-            # stayed at its informed-chance plateau (README, "How the default MQAR recipe was chosen").
+            # GPT-2 N(0, 0.02) at d 64, so the LM's init must not stand for theirs.
             for linear in (self.in_proj, self.x_proj):
                 nn.init.kaiming_uniform_(linear.weight, a=math.sqrt(5))
             std = self.dt_rank**-0.5 * o.dt_scale
