@@ -279,7 +279,7 @@ def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
     if math.isinf(base) and claim["arch"] in never:
         return _result(claim, float("nan"), float("nan"), measured, "not testable",
                        f"neither {claim['arch']} nor {', '.join(b for b in never if b != claim['arch'])} reaches "
-                       f"{claim['threshold']:g} at the widths swept: both needs are only lower bounds")
+                       f"{claim['threshold']:g} at the widths swept: each need is only a lower bound")
     if math.isinf(base):
         value = math.log2(needed[claim["arch"]] / beyond)
         if value >= claim["agree_if"].get("min", -math.inf):
