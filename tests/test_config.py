@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -68,6 +70,20 @@ def test_runs_cover_task_arch_seed_and_skip_noncausal_lm():
     assert ("snli", "linformer", 1) in got
     assert not any(t == "mqar" and a == "linformer" for t, a, _ in got)
     assert len(got) == 2 * 2 + 1 * 2
+
+
+def test_a_task_gives_seeds_per_architecture_and_refuses_bad_ones():
+    # Three seeds where a task names them for an architecture, its default elsewhere; the
+    # study's seeds where it has no default.
+    cfg = validate_config({"tasks": {"mqar": {"seeds": {"default": [0], "softmax": [0, 1, 2]}},
+                                     "mqar/b": {"seeds": {"grassmann": [4]}}},
+                           "architectures": ["softmax", "grassmann"], "seeds": [7]})
+    assert runs(cfg) == [("mqar", "softmax", 0), ("mqar", "softmax", 1), ("mqar", "softmax", 2), ("mqar", "grassmann", 0),
+                         ("mqar/b", "softmax", 7), ("mqar/b", "grassmann", 4)]
+    for seeds, message in (({"softmx": [0]}, "unknown architecture(s) softmx in seeds"),
+                           ({"softmax": [1, 1]}, "distinct seeds >= 0, got [1, 1]"), ([], "non-empty list")):
+        with pytest.raises(ConfigError, match=rf"tasks.mqar.seeds.*{re.escape(message)}"):
+            validate_config({**MINIMAL, "tasks": {"mqar": {"seeds": seeds}}})
 
 
 def test_run_spec_holds_only_its_task():

@@ -261,7 +261,8 @@ def test_editing_a_notebook_reruns_only_that_notebook(full_run):
 def implied_runs(raw: dict) -> int:
     """Runs a config file trains, counted from the file itself: per task, its (or the
     study's) architectures, without the non-causal-only ones on a language-model task,
-    times its sweep's grid points, times its (or the study's) seeds."""
+    times its sweep's grid points, times its (or the study's) seeds, per architecture where
+    the task gives them so."""
     from seqmix.mixers import mixer_class
     from seqmix.tasks import task_class
 
@@ -271,7 +272,11 @@ def implied_runs(raw: dict) -> int:
         if task_class(name.split("/")[0]).is_language_model:
             archs = [a for a in archs if mixer_class(a).supports_causal]
         points = math.prod(len(values) for values in (section.get("sweep") or {}).values())
-        total += len(archs) * points * len(section.get("seeds") or raw["seeds"])
+        seeds = section.get("seeds") or raw["seeds"]
+        if isinstance(seeds, dict):  # per architecture: its own, else the task's default, else the study's
+            total += points * sum(len(seeds.get(a, seeds.get("default", raw["seeds"]))) for a in archs)
+        else:
+            total += len(archs) * points * len(seeds)
     return total
 
 

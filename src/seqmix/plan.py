@@ -150,7 +150,7 @@ def study_points(study: Study, progress=None) -> list[Point]:
                 if progress:
                     progress(f"{v.name} {arch}")
                 cache[key] = measure_step(spec)
-            points.append(Point(v.group, v.name, spec, cache[key], len(v.section.seeds or study.seeds)))
+            points.append(Point(v.group, v.name, spec, cache[key], len(v.section.seeds_for(arch, study.seeds))))
     return points
 
 

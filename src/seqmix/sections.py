@@ -220,7 +220,9 @@ class TaskCommon(Section):
 
     model: ModelSpec = ModelSpec()
     train: TrainSpec = TrainSpec()
-    seeds: list[int] | None = Field(None, description="this task's seeds; null = the study's")
+    seeds: list[int] | dict[str, list[int]] | None = Field(
+        None, description="this task's seeds; null = the study's; or per architecture {<arch>: [0, 1, 2], "
+                          "default: [0]} (unlisted: default, else the study's)")
     architectures: list[ArchName] | None = Field(None, description="this task's architectures; null = the study's")  # type: ignore[valid-type]
     resources: TaskResources = TaskResources()
     mixers: dict[ArchName, dict[str, Any]] = Field(  # type: ignore[valid-type]
@@ -230,6 +232,26 @@ class TaskCommon(Section):
         default_factory=dict,
         description="grid of model./train. settings, e.g. {model.d_model: [32, 64], train.lr: [1e-3, 3e-3]}: one task per point, named <task>/<point>",
     )
+
+    @field_validator("seeds")
+    @classmethod
+    def _seed_lists(cls, v):
+        if v is None:
+            return v
+        for seeds in v.values() if isinstance(v, dict) else [v]:
+            if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+                raise ValueError(f"seeds must be a non-empty list of distinct seeds >= 0, got {seeds}")
+        unknown = sorted(set(v) - {"default", *catalogue.mixer_names()}) if isinstance(v, dict) else []
+        if unknown:
+            raise ValueError(f"unknown architecture(s) {', '.join(unknown)} in seeds; keys are default or: "
+                             f"{', '.join(catalogue.mixer_names())}")
+        return v
+
+    def seeds_for(self, arch: str, study_seeds: list[int]) -> list[int]:
+        """The seeds ``arch`` trains with on this task (``study_seeds``: the study's)."""
+        if self.seeds is None or isinstance(self.seeds, list):
+            return list(self.seeds or study_seeds)
+        return list(self.seeds.get(arch, self.seeds.get("default", study_seeds)))
 
 
 # ------------------------------------------------------------------------------------------

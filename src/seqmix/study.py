@@ -93,7 +93,7 @@ def task_architectures(study: Study, v: Variant) -> list[str]:
 def _trained(study: Study) -> Iterator[tuple[Variant, str, int]]:
     for v in variants(study):
         for arch in task_architectures(study, v):
-            for seed in v.section.seeds or study.seeds:
+            for seed in v.section.seeds_for(arch, study.seeds):
                 yield v, arch, seed
 
 

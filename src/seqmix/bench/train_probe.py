@@ -107,7 +107,7 @@ def probe_case(config: str, point: str, arch: str, steps: int = 13, timed: int =
              "peak_gib": round(torch.cuda.max_memory_allocated(device) / GIB, 2) if device.type == "cuda" else "",
              "step_tflop": round(flops / 1e12, 3), "mfu": round(flops / step_s / peak, 4) if peak else "",
              "steps": spec.train.steps, "run_hours": round(spec.train.steps * step_s / 3600, 3),
-             "runs_this_point": len(v.section.seeds or study.seeds), "loss": round(run["losses"][-1], 3),
+             "runs_this_point": len(v.section.seeds_for(arch, study.seeds)), "loss": round(run["losses"][-1], 3),
              "paths": run["paths"]}]
 
 
