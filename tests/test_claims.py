@@ -154,8 +154,8 @@ def test_metric_threshold_below_its_scale_or_without_a_run_is_not_testable(tmp_p
 
 
 def sweep_row(group: str, arch: str, d: int, lr: float, eval_value: float, test_value: float, **extra) -> dict:
-    task = f"{group}/d{d}-lr{lr:g}"
-    return run_row(task, arch, 0, eval_value, test_value, group=group, lr=lr, d_model=d,
+    task, seed = f"{group}/d{d}-lr{lr:g}", extra.pop("seed", 0)
+    return run_row(task, arch, seed, eval_value, test_value, group=group, lr=lr, d_model=d,
                    sweep=json.dumps({"model.d_model": d, "train.lr": lr}, sort_keys=True), **extra)
 
 
@@ -206,6 +206,28 @@ def test_threshold_per_width_is_not_testable_where_the_selected_run_never_left_t
     assert evaluate(tmp_path, [per], runs).loc["thr"].verdict == "disagrees"
 
 
+def test_threshold_per_width_on_each_seed_is_decided_by_the_worst_seed(tmp_path):
+    # each_seed: every seed at every width must reach 0.99. Two seeds at 1.0 do not carry a
+    # third at 0.985 (the mean, 0.995, would have agreed); at 0.99 it agrees.
+    per = {**THR, "task": "mqar/s", "per": "model.d_model", "each_seed": True}
+    runs = [sweep_row("mqar/s", "softmax", d, 1e-3, 1.0, 1.0, seed=s) for d in (8, 16) for s in (0, 1)]
+    runs.append(sweep_row("mqar/s", "softmax", 16, 1e-3, 0.985, 0.985, seed=2))
+    row = evaluate(tmp_path, [per], runs).loc["thr"]
+    assert row.verdict == "disagrees" and row.value == pytest.approx(0.985)
+    assert "d_model 16: 1.000/1.000/0.985 (each seed, in seed order)" in row.measured_on
+    assert evaluate(tmp_path, [{**per, "each_seed": False}], runs).loc["thr"].verdict == "agrees"
+    runs[-1].update(eval_value=0.99, test_value=0.99)
+    assert evaluate(tmp_path, [per], runs).loc["thr"].verdict == "agrees"
+
+
+def test_threshold_per_width_names_the_seed_that_was_still_learning(tmp_path):
+    per = {**THR, "task": "mqar/s", "per": "model.d_model", "each_seed": True, "requires": {"max_final_gain": 0.02}}
+    runs = [sweep_row("mqar/s", "softmax", 8, 1e-3, 0.995, 0.995, seed=s, final_gain=0.0) for s in (0, 1)]
+    runs.append(sweep_row("mqar/s", "softmax", 8, 1e-3, 0.9, 0.9, seed=2, final_gain=0.05))
+    row = evaluate(tmp_path, [per], runs).loc["thr"]
+    assert row.verdict == "not testable" and "at d_model 8 softmax (seed 2) was still learning" in row.why
+
+
 # --- width_to_reach ----------------------------------------------------------------------------
 
 WIDTH = claim("width", "width_to_reach", task="mqar/s", arch="linear", baselines=["softmax"],
@@ -245,6 +267,77 @@ def test_width_to_reach_at_the_bound_and_beyond_the_sweep(tmp_path):
     assert neither.verdict == "not testable" and "neither linear nor softmax reaches 0.9" in neither.why
 
 
+def seeded(arch: str, per_width: dict[int, list[float]], loss: float = 0.1) -> list[dict]:
+    """One row per (width, seed) of ``arch``: its test (= eval) accuracy, final validation loss
+    ``loss``, chance 1/8."""
+    return [sweep_row("mqar/s", arch, d, 1e-3, v, v, seed=s, eval_loss=loss, chance=0.125)
+            for d, values in per_width.items() for s, v in enumerate(values)]
+
+
+SEEDED = {**WIDTH, "arch": "h3", "baselines": ["gla", "mamba"], "reached_by": "majority", "learned_below": 0.95}
+
+
+def test_a_width_is_reached_where_a_majority_of_its_seeds_reach_the_threshold(tmp_path):
+    # H3 reaches 0.9 with 2 of 3 seeds only at d 32; GLA with 2 of 3 at d 8 (one seed at d 8
+    # is not a majority for Mamba, which needs d 16): log2(32 / max(8, 16)) = 1. Each 2-of-3
+    # split holds when any one seed is left out, so no seed decides it alone.
+    runs = (seeded("h3", {8: [0.2, 0.2, 0.95], 16: [0.2, 0.95, 0.2], 32: [0.95, 0.95, 0.95]})
+            + seeded("gla", {8: [0.95, 0.95, 0.95], 16: [0.95, 0.95, 0.95], 32: [0.95, 0.95, 0.95]})
+            + seeded("mamba", {8: [0.95, 0.2, 0.2], 16: [0.95, 0.95, 0.95], 32: [0.95, 0.95, 0.95]}))
+    row = evaluate(tmp_path, [SEEDED], runs).loc["width"]
+    assert row.value == pytest.approx(1.0) and row.verdict == "agrees"
+    assert "a width counts where more than half of its seeds reach test accuracy ≥ 0.9" in row.measured_on
+    assert "h3 at d_model 32 (d_model 8: 1 of 3, d_model 16: 1 of 3, d_model 32: 3 of 3)" in row.measured_on
+
+
+def test_a_verdict_that_one_seed_decides_is_inconclusive_and_names_it(tmp_path):
+    # H3 reaches 0.9 at d 16 with seeds 0 and 1 (2 of 3): need 16; GLA at d 8 with seeds 1
+    # and 2: need 8; log2(16 / 8) = 1, agrees. Without seed 0: H3 needs 32, GLA 8 (2, agrees);
+    # without seed 1: 32 and 16 (1, agrees); without seed 2: 16 and 16 (0): it would disagree.
+    runs = (seeded("h3", {8: [0.2, 0.2, 0.2], 16: [0.95, 0.95, 0.2], 32: [0.95, 0.95, 0.95]})
+            + seeded("gla", {8: [0.2, 0.95, 0.95], 16: [0.95, 0.95, 0.95], 32: [0.95, 0.95, 0.95]}))
+    claim_ = {**SEEDED, "baselines": ["gla"]}
+    row = evaluate(tmp_path, [claim_], runs).loc["width"]
+    assert row.value == pytest.approx(1.0) and row.verdict == "inconclusive"
+    assert row.why.endswith("one seed decides it: without seed 2 it would disagree (0)")
+    # With GLA's third seed reaching it too, no single seed changes the verdict.
+    runs[9]["test_value"] = 0.95
+    assert evaluate(tmp_path, [claim_], runs).loc["width"].verdict == "agrees"
+
+
+def test_a_mixer_that_did_not_learn_is_listed_not_counted_as_a_bound(tmp_path):
+    # Mamba never reaches 0.9 and its final validation loss stays within 5% of ln 8 = 2.08 at
+    # every width and seed: it did not learn the task, so only GLA's need (8) counts and H3's
+    # 16 gives log2(16 / 8) = 1: agrees. Counted as a bound (needs >= 64) it would disagree.
+    runs = (seeded("h3", {8: [0.2] * 3, 16: [0.95] * 3})
+            + seeded("gla", {8: [0.95] * 3, 16: [0.95] * 3})
+            + seeded("mamba", {8: [0.16] * 3, 16: [0.16] * 3}, loss=2.0))
+    row = evaluate(tmp_path, [SEEDED], runs).loc["width"]
+    assert row.verdict == "agrees" and row.value == pytest.approx(1.0)
+    assert "mamba did not learn the task in this budget: final validation loss 2.00--2.00 at every width and seed (6 runs)" in row.measured_on
+    assert "mamba did not learn the task (not counted)" in row.why
+    # One Mamba seed whose loss fell below 0.95 ln 8 = 1.98 learned something: Mamba is a
+    # bound again (the ratio at most log2(16 / 32): disagrees), but only through that seed.
+    runs[-1]["eval_loss"] = 1.9
+    row = evaluate(tmp_path, [SEEDED], runs).loc["width"]
+    assert row.value == pytest.approx(-1.0) and "did not learn" not in row.measured_on
+    assert row.verdict == "inconclusive" and row.why.endswith("without seed 2 it would agree (1)")
+    # Without the key every mixer counts, as before.
+    runs[-1]["eval_loss"] = 2.0
+    assert evaluate(tmp_path, [{**SEEDED, "learned_below": None}], runs).loc["width"].verdict == "disagrees"
+
+
+def test_the_width_claim_is_not_testable_when_its_own_mixer_or_every_baseline_did_not_learn(tmp_path):
+    learner = {8: [0.95] * 3, 16: [0.95] * 3}
+    idle = {8: [0.15] * 3, 16: [0.15] * 3}
+    runs = seeded("h3", idle, loss=2.05) + seeded("gla", learner) + seeded("mamba", learner)
+    row = evaluate(tmp_path, [SEEDED], runs).loc["width"]
+    assert row.verdict == "not testable" and "h3 did not learn the task in this budget" in row.why
+    runs = seeded("h3", learner) + seeded("gla", idle, loss=2.05) + seeded("mamba", idle, loss=2.1)
+    row = evaluate(tmp_path, [SEEDED], runs).loc["width"]
+    assert row.verdict == "not testable" and "no baseline learned the task in this budget (gla, mamba did not)" in row.why
+
+
 # --- recall_beyond_reach ---------------------------------------------------------------------
 
 RECALL = claim("recall", "recall_beyond_reach", task="mqar/s", arch="grassmann", unit="accuracy minus chance",
@@ -273,6 +366,22 @@ def test_recall_beyond_reach_is_accuracy_beyond_it_minus_chance(tmp_path):
     half = 1.96 * math.sqrt(0.25 * 0.75 / 2000)
     assert row.ours == f"{0.0:.3g} ± {half:.2g}" and row.verdict == "agrees"
     assert "accuracy 0.990 on 2,000 queries within reach" in row.measured_on
+
+
+def test_recall_beyond_reach_gives_an_interval_over_seeds(tmp_path):
+    # Three seeds: beyond reach 0.25, 0.30, 0.35 (chance 0.25): mean 0.05 with a t-interval
+    # over the three (not a binomial one over their pooled queries), which straddles 0.
+    runs, breakdown = recall_results(within=(990, 1000), beyond=(250, 1000))
+    frames = [breakdown]
+    for seed, correct in ((1, 300), (2, 350)):
+        runs.append({**runs[1], "seed": seed})
+        frames.append(breakdown.assign(seed=seed, correct=[c if d < 6 else correct * (s == "test")
+                                                           for c, d, s in zip(breakdown.correct, breakdown.value, breakdown.split)]))
+    row = evaluate(tmp_path, [RECALL], runs, breakdown=pd.concat(frames)).loc["recall"]
+    half = 2 * 4.302653 * 0.05 / 2 / math.sqrt(3)  # t(0.975, 2) x sd 0.05 / sqrt(3)
+    assert row["values"] == pytest.approx([0.0, 0.05, 0.10]) and row.value == pytest.approx(0.05)
+    assert row.ours == f"{0.05:.3g} ± {half:.2g}" and row.verdict == "inconclusive"
+    assert "95% interval over 3 seeds" in row.measured_on
 
 
 def test_recall_beyond_reach_needs_recall_within_reach_and_a_finite_reach(tmp_path):

@@ -173,6 +173,11 @@ def test_a_malformed_claim_names_itself(tmp_path):
                                                "kind": "vibes", "unit": "u", "agree_if": {}, "requires": {}}]}))
     with pytest.raises(ClaimsError, match="'x' has kind 'vibes'"):
         load_claims(bad)
+    bad.write_text(yaml.safe_dump({"claims": [{"id": "w", "claim": "c", "source": "s", "reported": "r",
+                                               "kind": "width_to_reach", "unit": "u", "agree_if": {}, "requires": {},
+                                               "reached_by": "most"}]}))
+    with pytest.raises(ClaimsError, match="claim 'w': reached_by is 'most'; allowed: majority, every"):
+        load_claims(bad)
 
 
 def test_shipped_claims_file_is_valid_and_sourced():

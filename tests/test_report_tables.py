@@ -160,26 +160,45 @@ def test_binned_accuracy_by_distance():
 
 def test_recall_table_without_a_width_sweep_says_so():
     assert "no task swept over model width" in recall_tables.recall_table(pd.DataFrame(), {})
-    assert recall_tables.recall_macros({}) == {"numGroups": "0"}
+    assert recall_tables.recall_macros({}, pd.DataFrame()) == {"numGroups": "0"}
 
 
 def test_recall_table_spans_every_width_of_every_group():
     rule = '{"after": 800, "min_gain": 0.01, "window": 400}'
     runs = pd.DataFrame({"group": ["a", "a", "b"], "task": ["a/d8", "a/d16", "b/d32"], "arch": ["softmax"] * 3,
-                         "seed": [0, 0, 0], "lr": [1e-3] * 3, "train_data": ["x", "x", "y"],
-                         "steps_completed": [1000, 700, 900], "ended": ["plateau", "solved", "budget"],
-                         "plateau_rule": [rule] * 3})
+                         "seed": [0, 0, 0], "status": ["ok"] * 3, "test_value": [0.5, 0.75, 1.0], "lr": [1e-3] * 3,
+                         "train_data": ["x", "x", "y"], "steps_completed": [1000, 700, 900],
+                         "ended": ["plateau", "solved", "budget"], "plateau_rule": [rule] * 3})
     best = {"a": pd.DataFrame({"task": ["a/d8", "a/d16"], "arch": ["softmax", "softmax"], "per_value": [8.0, 16.0],
                                "test_mean": [0.5, 0.75]}),
             "b": pd.DataFrame({"task": ["b/d32"], "arch": ["softmax"], "per_value": [32.0], "test_mean": [1.0]})}
     tex = recall_tables.recall_table(runs, best)
-    assert "$d=8$ & $d=16$ & $d=32$" in tex
+    assert "Seed & $d=8$ & $d=16$ & $d=32$" in tex
     cell = "{}\\,{{\\scriptsize {}}}".format
-    assert f"a & Softmax & {cell('0.500', '1000p')} & {cell('0.750', '700s')} & --" in tex
-    assert f"b & Softmax & -- & -- & {cell('1.000', '900b')}" in tex
+    assert f"a & Softmax & 0 & {cell('0.500', '1000p')} & {cell('0.750', '700s')} & --" in tex
+    assert f"b & Softmax & 0 & -- & -- & {cell('1.000', '900b')}" in tex
     assert "from step 800, the best validation accuracy of the last 400 steps beat the best before them by less than 0.01" in tex
-    assert recall_tables.recall_macros(best) == {"a-softmax-d8": "0.500", "a-softmax-d16": "0.750", "b-softmax-d32": "1.000",
-                                                 "numGroups": "2"}
+    assert recall_tables.recall_macros(best, runs) == {"a-softmax-d8": "0.500", "a-softmax-d16": "0.750",
+                                                       "b-softmax-d32": "1.000", "numGroups": "2"}
+
+
+def test_the_recall_table_gives_every_seed_and_the_macros_the_majority():
+    # Three seeds at each width, listed in seed order with their own endings; a diverged seed
+    # is left out. The macro is what more than half of the seeds reach: the median of three.
+    rows = [("d8", 8, s, v, n, e) for s, v, n, e in ((2, 0.9, 1200, "solved"), (0, 0.2, 800, "plateau"), (1, 0.95, 900, "solved"))]
+    rows += [("d16", 16, s, v, n, e) for s, v, n, e in ((0, 1.0, 500, "solved"), (1, 1.0, 400, "solved"), (2, 0.3, 1500, "budget"))]
+    runs = pd.DataFrame([dict(group="a", task=f"a/{t}", arch="gla", seed=s, status="ok", test_value=v, lr=1e-3,
+                              train_data="x", steps_completed=n, ended=e, plateau_rule="{}") for t, _, s, v, n, e in rows])
+    runs = pd.concat([runs, runs.iloc[:1].assign(seed=3, status="diverged", test_value=float("nan"))])
+    best = {"a": pd.DataFrame({"task": ["a/d8", "a/d16"], "arch": ["gla", "gla"], "per_value": [8.0, 16.0]})}
+    points = recall_tables.seed_points(runs, best["a"])
+    assert points.seed.tolist() == [0, 1, 2, 0, 1, 2] and points.majority.tolist() == [0.9] * 3 + [1.0] * 3
+    tex = recall_tables.recall_table(runs, best)
+    cell = "{}\\,{{\\scriptsize {}}}".format
+    assert f"a & GLA & 0 & {cell('0.200', '800p')} & {cell('1.000', '500s')}" in tex
+    assert f" &  & 2 & {cell('0.900', '1200s')} & {cell('0.300', '1500b')}" in tex
+    assert "& 3 &" not in tex
+    assert recall_tables.recall_macros(best, runs) == {"a-gla-d8": "0.900", "a-gla-d16": "1.000", "numGroups": "1"}
 
 
 def test_a_recall_cell_names_every_seed_that_ended_differently():
@@ -222,15 +241,21 @@ def test_each_run_below_chance_gets_the_first_reason_its_measurements_show():
         "had not learned which value a key holds when it ended: validation loss 4.90 $\\to$ 2.50, above the informed-chance level ln 8 = 2.08")
 
 
-def test_the_floor_table_lists_only_runs_below_chance():
-    runs = pd.DataFrame([floor_run("softmax", last_eval_loss=0.02), floor_run("tssa", last_eval_loss=4.1)])
-    best = {"m": pd.DataFrame({"task": ["m/softmax", "m/tssa"], "arch": ["softmax", "tssa"], "per_value": [64, 64],
-                               "test_mean": [0.99, 0.04]})}
-    rows = recall_tables.floor_rows(runs, pd.DataFrame(columns=["task", "arch", "by", "split"]), best,
+def test_the_floor_table_lists_the_points_a_majority_of_seeds_ended_below_chance():
+    # ToST: two of three seeds below chance 0.125: listed, with every seed's accuracy and the
+    # reason of the median seed (seed 2, 0.040). Softmax: one seed below chance only: not listed.
+    runs = pd.DataFrame([floor_run("softmax", seed=0, test_value=0.99, last_eval_loss=0.02),
+                         floor_run("softmax", seed=1, test_value=0.10, last_eval_loss=0.02),
+                         floor_run("softmax", seed=2, test_value=0.99, last_eval_loss=0.02),
+                         floor_run("tssa", seed=0, test_value=0.03, last_eval_loss=4.1),
+                         floor_run("tssa", seed=1, test_value=0.50, last_eval_loss=1.0),
+                         floor_run("tssa", seed=2, test_value=0.04, last_eval_loss=4.1, steps_completed=900)])
+    best = {"m": pd.DataFrame({"task": ["m/softmax", "m/tssa"], "arch": ["softmax", "tssa"], "per_value": [64, 64]})}
+    rows = recall_tables.floor_rows(runs, pd.DataFrame(columns=["task", "arch", "seed", "by", "split"]), best,
                                     pd.DataFrame({"arch": ["softmax", "tssa"], "accuracy": [1.0, 0.03]}))
-    assert [(r["arch"], r["ending"]) for r in rows] == [("tssa", "800p")]
+    assert [(r["arch"], r["seed"], r["test"], r["ending"]) for r in rows] == [("tssa", 2, "0.030/0.500/0.040", "800p/800p/900p")]
     tex = recall_tables.floor_table(rows, has_probe=True)
-    assert "ToST" in tex and "cannot carry one token's identity" in tex and "Softmax" not in tex
+    assert "ToST" in tex and "seed 2: cannot carry one token's identity" in tex and "Softmax" not in tex
     assert "No selected recall run ended below chance" in recall_tables.floor_table([], has_probe=False)
 
 

@@ -21,7 +21,14 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from seqmix.report.summary import best_of_sweep, best_point, mean_ci, reach_split
+from seqmix.report.summary import (
+    best_of_sweep,
+    best_point,
+    majority_value,
+    mean_ci,
+    point_seeds,
+    reach_split,
+)
 
 REQUIRED_KEYS = {"id", "claim", "source", "reported", "kind", "unit", "agree_if", "requires"}
 VERDICTS = ("agrees", "disagrees", "inconclusive", "not testable")
@@ -59,6 +66,8 @@ def load_claims(path: str | Path) -> list[dict]:
             raise ClaimsError(f"{path}: claim {cid!r} has kind {c['kind']!r}; allowed: {', '.join(EVALUATORS)}")
         if not set(c["agree_if"]) <= {"min", "max"}:
             raise ClaimsError(f"{path}: claim {cid!r}: agree_if takes only min and max")
+        if c.get("reached_by", "majority") not in REACH_RULES:
+            raise ClaimsError(f"{path}: claim {cid!r}: reached_by is {c['reached_by']!r}; allowed: {', '.join(REACH_RULES)}")
         if cid in seen:
             raise ClaimsError(f"{path}: claim id {cid!r} appears twice")
         seen.add(cid)
@@ -207,26 +216,37 @@ def _sweep_scale(rows: pd.DataFrame, per: str, values) -> str:
 
 def eval_threshold_per(res: Results, claim: dict) -> ClaimResult:
     """A threshold that must hold at every value of a swept axis (``per``, e.g. every
-    width), each at its best point over the other axes (selected on the eval split)."""
+    width), each at its best point over the other axes (selected on the eval split): on the
+    mean over seeds, or with ``each_seed: true`` on every seed (the worst seed decides)."""
     rows = _group_rows(res, claim)
     best = best_of_sweep(rows, claim["task"], claim["per"]) if len(rows) else pd.DataFrame()
     mine = best[best.arch == claim["arch"]] if len(best) else best
     if mine.empty:
         return _result(claim, float("nan"), float("nan"), "--", "not testable",
                        f"{claim['arch']} not trained on {claim['task']} in this profile")
-    col = "eval_mean" if claim.get("split", "test") == "eval" else "test_mean"
-    # "at every width": the width closest to failing the criterion decides.
-    worst = mine[col].min() if "min" in claim["agree_if"] else mine[col].max()
-    at = ", ".join(f"{claim['per'].split('.')[-1]} {p:g}: {v:.3f}" for p, v in zip(mine.per_value, mine[col]))
+    split = "eval" if claim.get("split", "test") == "eval" else "test"
+    axis = claim["per"].split(".")[-1]
+    lower = "min" in claim["agree_if"]
+    if claim.get("each_seed"):
+        seeds = {p.per_value: point_seeds(rows, p.task, claim["arch"]) for p in mine.itertuples()}
+        per_width = {w: (min if lower else max)(r[f"{split}_value"]) for w, r in seeds.items()}
+        at = "; ".join(f"{axis} {w:g}: " + "/".join(f"{v:.3f}" for v in r[f"{split}_value"]) for w, r in seeds.items())
+        values = [float(v) for r in seeds.values() for v in r[f"{split}_value"]]
+        at += " (each seed, in seed order)"
+    else:
+        per_width = dict(zip(mine.per_value, mine[f"{split}_mean"]))
+        at = ", ".join(f"{axis} {w:g}: {v:.3f}" for w, v in per_width.items())
+        values = [float(v) for v in per_width.values()]
+    # "at every width": the width (and seed) closest to failing the criterion decides.
+    worst = (min if lower else max)(per_width.values())
     measured = _sweep_scale(rows, claim["per"], mine.per_value) + f"; {at}"
     unmet = _run_requirements(claim, rows[rows.arch == claim["arch"]]) + _still_learning(claim, rows, mine)
-    return dataclasses.replace(_decide(claim, float(worst), float("nan"), measured, unmet),
-                               values=[float(v) for v in mine[col]])
+    return dataclasses.replace(_decide(claim, float(worst), float("nan"), measured, unmet), values=values)
 
 
 def _still_learning(claim: dict, rows: pd.DataFrame, best: pd.DataFrame) -> list[str]:
-    """The swept values at which the selected run of ``arch`` had not reached the regime the
-    claim is about when its budget ran out:
+    """The swept values at which a seed of the selected run of ``arch`` had not reached the
+    regime the claim is about when its budget ran out:
     ``requires.max_final_gain``: its periodic evaluation metric was still rising by more than
     this over the last quarter of its steps (runs.csv's ``final_gain``);
     ``requires.min_over_chance``: its test metric was below this multiple of the task's
@@ -235,86 +255,153 @@ def _still_learning(claim: dict, rows: pd.DataFrame, best: pd.DataFrame) -> list
     gain_limit, plateau = claim["requires"].get("max_final_gain"), claim["requires"].get("min_over_chance")
     axis, out = claim["per"].split(".")[-1], []
     for point in best.itertuples():
-        mine = rows[(rows.task == point.task) & (rows.arch == claim["arch"])]
-        gain = mine.final_gain.mean() if "final_gain" in mine else float("nan")
-        chance = mine.chance.mean() if "chance" in mine else float("nan")
-        if gain_limit is not None and gain > gain_limit:
-            out.append(f"at {axis} {point.per_value:g} {claim['arch']} was still learning when its budget ran out "
-                       f"({point.metric} +{gain:.3f} over the last quarter of its steps, more than {gain_limit:g})")
-        elif plateau is not None and point.test_mean < plateau * chance:
-            out.append(f"at {axis} {point.per_value:g} {claim['arch']} had not left the initial plateau when its budget "
-                       f"ran out ({point.metric} {point.test_mean:.3f}, below {plateau:g} x chance {chance:.3f})")
+        seeds = point_seeds(rows, point.task, claim["arch"])
+        several = len(seeds) > 1
+        for run in seeds.itertuples():
+            who = f"{claim['arch']} (seed {run.seed})" if several else claim["arch"]
+            gain = getattr(run, "final_gain", float("nan"))
+            chance = getattr(run, "chance", float("nan"))
+            if gain_limit is not None and gain > gain_limit:
+                out.append(f"at {axis} {point.per_value:g} {who} was still learning when its budget ran out "
+                           f"({point.metric} +{gain:.3f} over the last quarter of its steps, more than {gain_limit:g})")
+            elif plateau is not None and run.test_value < plateau * chance:
+                out.append(f"at {axis} {point.per_value:g} {who} had not left the initial plateau when its budget "
+                           f"ran out ({point.metric} {run.test_value:.3f}, below {plateau:g} x chance {chance:.3f})")
     return out
 
 
-def _needed(best: pd.DataFrame, arch: str, threshold: float) -> float:
-    """The smallest swept value at which ``arch``'s best test metric reaches ``threshold``
-    (inf: at none of them)."""
-    mine = best[(best.arch == arch) & (best.test_mean >= threshold)]
-    return float(mine.per_value.min()) if len(mine) else math.inf
+REACH_RULES = {"majority": "more than half of its seeds reach", "every": "every seed reaches"}
 
 
-def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
-    """How much more of a swept axis (width) ``arch`` needs than the ``baselines`` to reach
-    ``threshold``: log2(needed[arch] / max(needed[baseline])). A mixer never reaching it
-    within the sweep counts as needing at least twice the largest value swept: ``arch`` so,
-    the ratio is a lower bound; a baseline so, an upper bound, which decides only a claim
-    it fails; both so, nothing is decided."""
-    rows = _group_rows(res, claim)
+def _reached(values, rule: str) -> float:
+    """The value that ``rule``'s share of seeds reach: a majority (``summary.majority_value``)
+    or every seed (the lowest)."""
+    return majority_value(values) if rule == "majority" else min(values, default=float("nan"))
+
+
+def _did_not_learn(rows: pd.DataFrame, arch: str, fraction: float) -> str | None:
+    """Why ``arch`` did not learn the task in its budget, or None: the final validation loss
+    of every seed at every width stayed above ``fraction`` x the informed-chance level
+    ln(1 / chance) (MQAR: ln(pairs), a model that outputs a value of its context without
+    knowing which). Such a mixer's width says nothing about what it needs."""
+    mine = rows[(rows.arch == arch) & (rows.status == "ok")]
+    if mine.empty or mine.chance.isna().any() or mine.eval_loss.isna().any():
+        return None
+    level = -math.log(float(mine.chance.iloc[0]))
+    if (mine.eval_loss < fraction * level).any():
+        return None
+    return (f"{arch} did not learn the task in this budget: final validation loss {mine.eval_loss.min():.2f}--"
+            f"{mine.eval_loss.max():.2f} at every width and seed ({len(mine)} runs), above {fraction:g} x the "
+            f"informed-chance level ln {round(1 / float(mine.chance.iloc[0]))} = {level:.2f}")
+
+
+def _width_verdict(rows: pd.DataFrame, claim: dict) -> ClaimResult:
+    """eval_width_to_reach on ``rows`` (all seeds, or all but one)."""
     archs = [claim["arch"], *claim["baselines"]]
     best = best_of_sweep(rows, claim["task"], claim["per"]) if len(rows) else pd.DataFrame()
     if best.empty or set(archs) - set(best.arch):
         return _result(claim, float("nan"), float("nan"), "--", "not testable",
                        f"{', '.join(sorted(set(archs) - set(best.arch) if len(best) else archs))} not swept on {claim['task']}")
-    needed = {a: _needed(best, a, claim["threshold"]) for a in archs}
-    axis = claim["per"].split(".")[-1]
-    told = "; ".join(f"{a} {'never' if math.isinf(w) else f'at {axis} {w:g}'}" for a, w in needed.items())
-    measured = _sweep_scale(rows, claim["per"], sorted(best.per_value.unique())) + f"; test {best.metric.iloc[0]} ≥ {claim['threshold']:g}: {told}"
+    rule, threshold, axis = claim.get("reached_by", "majority"), claim["threshold"], claim["per"].split(".")[-1]
+    needed, counts = {}, {}
+    for a in archs:
+        points = [(p.per_value, point_seeds(rows, p.task, a).test_value) for p in best[best.arch == a].itertuples()]
+        counts[a] = ", ".join(f"{axis} {w:g}: {int((v >= threshold).sum())} of {len(v)}" for w, v in points)
+        needed[a] = min((w for w, v in points if _reached(v, rule) >= threshold), default=math.inf)
+    told = "; ".join(f"{a} {'never' if math.isinf(w) else f'at {axis} {w:g}'} ({counts[a]})" for a, w in needed.items())
+    measured = (_sweep_scale(rows, claim["per"], sorted(best.per_value.unique()))
+                + f"; a width counts where {REACH_RULES[rule]} test {best.metric.iloc[0]} ≥ {threshold:g}: {told}")
+    learned_below = claim.get("learned_below")
+    idle = {a: why for a in archs if learned_below is not None and (why := _did_not_learn(rows, a, learned_below))}
+    if idle:
+        measured += "; " + "; ".join(idle.values())
+    if claim["arch"] in idle:
+        return _result(claim, float("nan"), float("nan"), measured, "not testable",
+                       f"{claim['arch']} did not learn the task in this budget: its width says nothing")
+    baselines = [b for b in claim["baselines"] if b not in idle]
+    if not baselines:
+        return _result(claim, float("nan"), float("nan"), measured, "not testable",
+                       f"no baseline learned the task in this budget ({', '.join(idle)} did not)")
+    aside = f"; {', '.join(idle)} did not learn the task (not counted)" if idle else ""
     # A mixer that never reaches the threshold needs at least twice the largest width swept:
     # its need is a lower bound, so the ratio is a lower bound (arch) or an upper bound (a
     # baseline), and decides the claim only where every value beyond that bound would.
     beyond = 2 * float(best.per_value.max())
-    never = [a for a in archs if math.isinf(needed[a])]
-    base = max(needed[b] for b in claim["baselines"])
+    never = [a for a in [claim["arch"], *baselines] if math.isinf(needed[a])]
+    base = max(needed[b] for b in baselines)
     if math.isinf(base) and claim["arch"] in never:
         return _result(claim, float("nan"), float("nan"), measured, "not testable",
                        f"neither {claim['arch']} nor {', '.join(b for b in never if b != claim['arch'])} reaches "
-                       f"{claim['threshold']:g} at the widths swept: each need is only a lower bound")
+                       f"{threshold:g} at the widths swept: each need is only a lower bound{aside}")
     if math.isinf(base):
         value = math.log2(needed[claim["arch"]] / beyond)
         if value >= claim["agree_if"].get("min", -math.inf):
             return _result(claim, float("nan"), float("nan"), measured, "not testable",
-                           f"{', '.join(never)} never reaches {claim['threshold']:g} at the widths swept: the ratio is "
-                           f"at most {value:.3g}, a bound that does not decide {criterion(claim['agree_if'])}")
+                           f"{', '.join(never)} never reaches {threshold:g} at the widths swept: the ratio is "
+                           f"at most {value:.3g}, a bound that does not decide {criterion(claim['agree_if'])}{aside}")
         result = _decide(claim, value, float("nan"), measured, [])
-        return dataclasses.replace(result, ours=f"≤ {value:.3g}", why=result.why + f" ({', '.join(never)} never reached it: an upper bound)")
+        return dataclasses.replace(result, ours=f"≤ {value:.3g}",
+                                   why=result.why + f" ({', '.join(never)} never reached it: an upper bound){aside}")
     mine = needed[claim["arch"]] if claim["arch"] not in never else beyond
     value = math.log2(mine / base)
     result = _decide(claim, value, float("nan"), measured, [])
     if claim["arch"] in never:
         result = dataclasses.replace(result, ours=f"≥ {value:.3g}", why=result.why + f" ({claim['arch']} never reached it: a lower bound)")
-    return result
+    return dataclasses.replace(result, why=result.why + aside)
+
+
+def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
+    """How much more of a swept axis (width) ``arch`` needs than the ``baselines`` to reach
+    ``threshold``: log2(needed[arch] / max(needed[baseline])), where a mixer needs the
+    smallest width at which ``reached_by`` of its seeds reach it (``majority``: more than
+    half; ``every``). A mixer never reaching it within the sweep counts as needing at least
+    twice the largest value swept: ``arch`` so, the ratio is a lower bound; a baseline so, an
+    upper bound, which decides only a claim it fails; both so, nothing is decided. With
+    ``learned_below``, a mixer whose final validation loss stayed above that fraction of the
+    informed-chance level at every width and seed did not learn the task in this budget: it
+    is listed as such, not counted as a bound. A verdict that changes when any one seed is
+    left out is inconclusive, naming the seeds that change it."""
+    rows = _group_rows(res, claim)
+    result = _width_verdict(rows, claim)
+    seeds = sorted(rows.seed.unique()) if len(rows) else []
+    if result.verdict not in ("agrees", "disagrees") or len(seeds) < 2:
+        return result
+    would = {"agrees": "would agree", "disagrees": "would disagree", "not testable": "would not be testable"}
+    flips = [f"without seed {s} it {would[alt.verdict]} ({alt.ours})"
+             for s in seeds if (alt := _width_verdict(rows[rows.seed != s], claim)).verdict != result.verdict]
+    if not flips:
+        return result
+    return dataclasses.replace(result, verdict="inconclusive",
+                               why=f"{result.why}; one seed decides it: " + "; ".join(flips))
 
 
 def eval_recall_beyond_reach(res: Results, claim: dict) -> ClaimResult:
     """Accuracy minus chance on the queries whose key lies beyond the model's reach (the
-    positions its output can read), of ``arch``'s best point; 95% binomial interval over
-    those queries. Requires recall within reach (else the test says nothing)."""
+    positions its output can read), of ``arch``'s best point: mean and 95% t-interval over
+    its seeds (one seed: the binomial interval over its queries). Requires recall within
+    reach, on all its seeds' queries together (else the test says nothing)."""
     rows = _group_rows(res, claim)
     task = best_point(rows, claim["task"], claim["arch"]) if len(rows) else None
     table = res.table("summary/breakdown.csv")
     if task is None or table is None:
         return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim['arch']} not trained on {claim['task']}")
-    run = rows[(rows.task == task) & (rows.arch == claim["arch"]) & (rows.status == "ok")]
-    if run.empty:
+    runs = point_seeds(rows, task, claim["arch"])
+    if runs.empty:
         return _result(claim, float("nan"), float("nan"), "--", "not testable", f"no run of {claim['arch']} on {task} finished")
-    reach, chance = run.reach.iloc[0], float(run.chance.iloc[0])
+    reach, chance = runs.reach.iloc[0], float(runs.chance.iloc[0])
     if pd.isna(reach):
         return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim['arch']} has no finite reach")
-    acc_in, n_in, acc_out, n_out = reach_split(table, task, claim["arch"], run.test_split.iloc[0], reach)
-    half = 1.96 * math.sqrt(acc_out * (1 - acc_out) / n_out) if n_out else float("nan")
+    split = runs.test_split.iloc[0]
+    acc_in, n_in, acc_out, n_out = reach_split(table, task, claim["arch"], split, reach)  # every seed's queries
+    splits = [reach_split(table, task, claim["arch"], split, reach, seed=s) for s in runs.seed]
+    if len(splits) > 1:
+        mean, half, _ = mean_ci([p[2] - chance for p in splits])
+        spread = f"seeds {', '.join(f'{p[2]:.3f}' for p in splits)} beyond reach; 95% interval over {len(splits)} seeds"
+    else:
+        mean, half = acc_out - chance, (1.96 * math.sqrt(acc_out * (1 - acc_out) / n_out) if n_out else float("nan"))
+        spread = "binomial 95% interval over its queries (one seed)"
     measured = (f"{task} (best point), reach {int(reach)} tokens, chance {chance:.3f}: "
-                f"accuracy {acc_in:.3f} on {n_in:,} queries within reach, {acc_out:.3f} on {n_out:,} beyond")
+                f"accuracy {acc_in:.3f} on {n_in:,} queries within reach, {acc_out:.3f} on {n_out:,} beyond; {spread}")
     unmet = []
     floor = claim["requires"].get("min_accuracy_within_reach")
     if not n_out:
@@ -322,7 +409,7 @@ def eval_recall_beyond_reach(res: Results, claim: dict) -> ClaimResult:
     if floor is not None and not acc_in >= floor:
         unmet.append(f"{claim['arch']} does not recall within its reach (accuracy {acc_in:.3f} < {floor}), "
                      "so its accuracy beyond it says nothing about the reach")
-    return _decide(claim, acc_out - chance, half, measured, unmet)
+    return dataclasses.replace(_decide(claim, mean, half, measured, unmet), values=[p[2] - chance for p in splits])
 
 
 COST_LABELS = {"fwdbwd_ms": "time", "fwd_ms": "fwd time", "flops_fwdbwd": "FLOPs", "flops_fwd": "fwd FLOPs",

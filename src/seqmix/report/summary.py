@@ -78,6 +78,20 @@ def best_of_sweep(runs: pd.DataFrame, group: str, per: str) -> pd.DataFrame:
     return best.sort_values(["arch", "per_value"]).reset_index(drop=True)
 
 
+def majority_value(values) -> float:
+    """The value more than half of ``values`` reach (e.g. the seeds' accuracies at one sweep
+    point): the (⌊n/2⌋+1)-th largest, the median of three. "A majority of seeds reach x"
+    holds exactly where this value is at least x. NaN without values."""
+    v = sorted((float(x) for x in values if x is not None and not math.isnan(float(x))), reverse=True)
+    return v[len(v) // 2] if v else float("nan")
+
+
+def point_seeds(runs: pd.DataFrame, task: str, arch: str) -> pd.DataFrame:
+    """The finished runs (one per seed, in seed order) of ``arch`` at the sweep point ``task``."""
+    rows = runs[(runs.task == task) & (runs.arch == arch)]
+    return rows[rows.status == "ok"].sort_values("seed") if "status" in rows else rows.sort_values("seed")
+
+
 def best_point(runs: pd.DataFrame, group: str, arch: str) -> str | None:
     """The task name (sweep point) of ``arch``'s best mean eval metric within ``group``."""
     mine = runs[(runs.group == group) & (runs.arch == arch)]
@@ -90,11 +104,15 @@ def best_point(runs: pd.DataFrame, group: str, arch: str) -> str | None:
     return summ.sort_values("eval_mean", ascending=not higher).task.iloc[0]
 
 
-def reach_split(breakdown: pd.DataFrame, task: str, arch: str, split: str, reach: float) -> tuple[float, int, float, int]:
-    """(accuracy, queries) on the ``split`` queries of one run whose key lies within ``reach``
-    tokens, then the same beyond it, from breakdown.csv's query distances (nan: no query)."""
+def reach_split(breakdown: pd.DataFrame, task: str, arch: str, split: str, reach: float,
+                seed: int | None = None) -> tuple[float, int, float, int]:
+    """(accuracy, queries) on the ``split`` queries of one run (``seed``; None: its seeds
+    pooled) whose key lies within ``reach`` tokens, then the same beyond it, from
+    breakdown.csv's query distances (nan: no query)."""
     rows = breakdown[(breakdown.task == task) & (breakdown.arch == arch) & (breakdown.by == "query_distance")
                      & (breakdown.split == split)]
+    if seed is not None:
+        rows = rows[rows.seed == seed]
     near = rows.value.astype(float) <= reach
     inside, beyond = rows[near], rows[~near]
     n_in, n_out = int(inside.scored.sum()), int(beyond.scored.sum())
