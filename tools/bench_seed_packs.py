@@ -1,14 +1,20 @@
-"""What training the seeds of one MQAR sweep point together costs against one seed alone.
+"""What training the seeds of one MQAR sweep point together costs against one seed alone, and
+what one training step of every run of the quick profile costs.
 
 For every mixer of the quick profile's MQAR sweep, at each of its widths (batch 128, L 48,
 V 64, 8 pairs, 2 layers, one thread), this times a training step (forward, backward, AdamW)
 of one seed alone and of three seeds as one vectorised model (``torch.func.stack_module_state``
-+ ``functional_call`` + ``vmap``, every seed its own weights and batch), interleaved in one
-process so that the machine's load falls on both alike, and prints the ratio. A ratio below 3
-is what packing seeds would save; a mixer whose step cannot be vmapped is named with the
-reason (its seeds could only run one after another: a ratio of 3, nothing saved).
++ ``functional_call`` + ``vmap``, every seed its own weights and batch). A ratio below 3 is
+what packing seeds would save; a mixer whose step cannot be vmapped is named with the reason
+(its seeds could only run one after another: a ratio of 3, nothing saved). It also times one
+step of every other task's runs (WikiText-2), alone, so that the table gives every run's
+step cost relative to the others.
 
-    python tools/bench_seed_packs.py --data data/mqar/V64-L48-kv8 [--markdown docs/seed-packs.md]
+Every configuration is built first; then, round after round, each takes one step alone and
+one packed, so that the machine's load falls on all of them alike. The step time is the
+fastest round's (what the step costs when nothing else runs); the ratio is over all rounds.
+
+    python tools/bench_seed_packs.py --data data [--markdown docs/seed-packs.md]
 
 The vectorised loss scores every position and drops the unscored ones through
 cross_entropy's ignore_index (the model's own loss selects the query positions with a
@@ -38,73 +44,72 @@ from seqmix.train.provenance import cpu_name
 SEEDS = 3
 
 
-def dense_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    logits = model(x)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=-100)
-
-
 class DenseLoss(torch.nn.Module):
+    """The LM's loss over every position, the unscored ones dropped by ignore_index."""
+
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
 
     def forward(self, x, y):
-        return dense_loss(self.model, x, y)
+        logits = self.model(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=-100)
 
 
-def steppers(spec: RunSpec):
-    """(one seed's step, three seeds' vectorised step), each taking the step index."""
-    task = make_task(spec)
-    specs = [spec.model_copy(update={"seed": s}) for s in range(SEEDS)]
-    models = [build_for_spec(s, task)[0] for s in specs]
-    alone, opt = models[0], make_optimizer(models[0], spec.train)
-    params, buffers = stack_module_state(models)
-    pack_opt = torch.optim.AdamW(list(params.values()), lr=spec.train.lr, betas=tuple(spec.train.betas))
-    base = DenseLoss(copy.deepcopy(models[0]))
+class Case:
+    """One run configuration: its step alone, and (where it vmaps) three seeds' step packed."""
 
-    def one(p, b, x, y):
-        return functional_call(base, ({f"model.{k}": v for k, v in p.items()}, {f"model.{k}": v for k, v in b.items()}),
-                               (x, y))
+    def __init__(self, spec: RunSpec, pack: bool):
+        self.spec, self.task = spec, make_task(spec)
+        models = [build_for_spec(spec.model_copy(update={"seed": s}), self.task)[0] for s in range(SEEDS)]
+        self.alone, self.opt = models[0], make_optimizer(models[0], spec.train)
+        self.spent = {"alone": [], "pack": []}
+        self.note = ""
+        self.packed = None
+        if pack:
+            params, buffers = stack_module_state(models)
+            base = DenseLoss(copy.deepcopy(models[0]))
 
-    batched = vmap(one, randomness="error")
-    batch = spec.train.batch_size
+            def one(p, b, x, y):
+                names = ({f"model.{k}": v for k, v in p.items()}, {f"model.{k}": v for k, v in b.items()})
+                return functional_call(base, names, (x, y))
 
-    def step_alone(step: int) -> None:
-        loss = task.loss(alone, task.train_batch(step, batch, "cpu"))
-        opt.zero_grad(set_to_none=True)
+            self.packed = (vmap(one, randomness="error"), params, buffers,
+                           torch.optim.AdamW(list(params.values()), lr=spec.train.lr, betas=tuple(spec.train.betas)))
+        self.step_alone(0)
+        if self.packed is not None:
+            try:
+                self.step_pack(0)
+            except Exception as err:  # noqa: BLE001 - the reason is the result
+                self.packed, self.note = None, f"cannot be vmapped: {str(err).splitlines()[0][:110]}"
+
+    def step_alone(self, step: int) -> None:
+        loss = self.task.loss(self.alone, self.task.train_batch(step, self.spec.train.batch_size, "cpu"))
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(alone.parameters(), spec.train.grad_clip)
+        torch.nn.utils.clip_grad_norm_(self.alone.parameters(), self.spec.train.grad_clip)
+        self.opt.step()
+
+    def step_pack(self, step: int) -> None:
+        batched, params, buffers, opt = self.packed
+        xs, ys = zip(*(self.task.train_batch(step, self.spec.train.batch_size, "cpu") for _ in range(SEEDS)))
+        losses = batched(params, buffers, torch.stack(xs), torch.stack(ys))
+        opt.zero_grad(set_to_none=True)
+        losses.sum().backward()
         opt.step()
 
-    def step_pack(step: int) -> None:
-        xs, ys = zip(*(task.train_batch(step, batch, "cpu") for _ in range(SEEDS)))
-        losses = batched(params, buffers, torch.stack(xs), torch.stack(ys))
-        pack_opt.zero_grad(set_to_none=True)
-        losses.sum().backward()
-        pack_opt.step()
+    def round(self, step: int) -> None:
+        for name, fn in (("alone", self.step_alone), ("pack", self.step_pack if self.packed else None)):
+            if fn is not None:
+                t = time.perf_counter()
+                fn(step)
+                self.spent[name].append(time.perf_counter() - t)
 
-    return step_alone, step_pack
-
-
-def measure(spec: RunSpec, steps: int) -> dict:
-    step_alone, step_pack = steppers(spec)
-    step_alone(0)
-    try:
-        step_pack(0)
-        variants = (("alone", step_alone), ("pack", step_pack))
-        note = ""
-    except Exception as err:  # noqa: BLE001 - the reason is the result
-        variants = (("alone", step_alone),)
-        note = f"cannot be vmapped: {str(err).splitlines()[0][:110]}"
-    spent = {"alone": 0.0, "pack": None}
-    for i in range(1, steps + 1):  # interleaved: the load of the moment falls on both
-        for name, fn in variants:
-            t = time.perf_counter()
-            fn(i)
-            spent[name] = (spent[name] or 0.0) + time.perf_counter() - t
-    pack = spent["pack"]
-    return {"alone_ms": 1000 * spent["alone"] / steps, "pack_ms": None if pack is None else 1000 * pack / steps,
-            "ratio": None if pack is None else pack / spent["alone"], "note": note}
+    def row(self) -> dict:
+        alone, pack = self.spent["alone"], self.spent["pack"]
+        return {"task": self.spec.group, "arch": self.spec.arch, "d_model": self.alone.cfg.d_model,
+                "alone_ms": 1000 * min(alone), "pack_ms": 1000 * min(pack) if pack else None,
+                "ratio": sum(pack) / sum(alone) if pack else None, "note": self.note}
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -122,33 +127,43 @@ def commit() -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="config/config.yaml")
-    p.add_argument("--task", default="mqar/V64-L48-kv8", help="the swept MQAR task (its group)")
-    p.add_argument("--data", type=Path, required=True, help="its prepared data directory")
-    p.add_argument("--steps", type=int, default=4, help="timed steps of each variant, after one untimed")
-    p.add_argument("--archs", default=None, help="comma-separated mixers (default: the task's)")
+    p.add_argument("--packed", default="mqar/V64-L48-kv8", help="the swept task whose seeds would be packed")
+    p.add_argument("--data", type=Path, required=True, help="the study's prepared data directory (python -m seqmix data)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds, after one untimed step of each")
+    p.add_argument("--archs", default=None, help="comma-separated mixers (default: every one)")
     p.add_argument("--markdown", type=Path, default=None, help="write the table here, headed by commit and machine")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    table = job_table(load_config(a.config))["runs"]
-    first_seed = min(r["seed"] for r in table)
-    wanted = a.archs.split(",") if a.archs else None
-    rows = []
-    for r in table:
-        if not r["task"].startswith(a.task + "/") or r["seed"] != first_seed or (wanted and r["arch"] not in wanted):
+    runs = job_table(load_config(a.config))["runs"]
+    first_seed = {}
+    for r in runs:
+        first_seed.setdefault((r["task"], r["arch"]), r)
+    cases = []
+    for (task, arch), r in first_seed.items():
+        if a.archs and arch not in a.archs.split(","):
             continue
-        spec = RunSpec.model_validate_json(r["spec"]).model_copy(update={"data_dir": str(a.data)})
-        row = {"arch": r["arch"], "d_model": spec.model.d_model, **measure(spec, a.steps)}
-        rows.append(row)
-        print(f"{row['arch']:>15} d {row['d_model']:>4}: 1 seed {fmt(row['alone_ms'])} ms, {SEEDS} seeds vmapped "
-              f"{fmt(row['pack_ms'])} ms, ratio {fmt(row['ratio'])} {row['note']}", flush=True)
+        spec = RunSpec.model_validate_json(r["spec"])
+        spec = spec.model_copy(update={"data_dir": str(a.data / spec.group), "tokenizer_dir": str(a.data / "tokenizer")})
+        cases.append(Case(spec, pack=spec.group == a.packed))
+        print(f"built {task} {arch}", flush=True)
+    for i in range(1, a.rounds + 1):  # round-robin: the load of the moment falls on every case
+        for case in cases:
+            case.round(i)
+        print(f"round {i} of {a.rounds}", flush=True)
+    rows = [c.row() for c in cases]
+    for r in rows:
+        print(f"{r['task']:>20} {r['arch']:>15} d {r['d_model']:>4}: 1 seed {fmt(r['alone_ms'])} ms, {SEEDS} seeds vmapped "
+              f"{fmt(r['pack_ms'])} ms, ratio {fmt(r['ratio'])} {r['note']}", flush=True)
     if a.markdown:
-        head = (f"<!-- generated by `python tools/bench_seed_packs.py --markdown {a.markdown}` -->\n"
-                f"Measured at commit {commit()} on {cpu_name()} ({platform.node()}), one thread, {a.steps} "
-                f"interleaved steps of each variant after one untimed, torch {torch.__version__}.\n\n")
-        lines = ["| mixer | d | 1 seed, ms/step | 3 seeds vmapped, ms/step | ratio (3 together / 1 alone) | note |",
-                 "|---|---|---|---|---|---|"]
+        head = (f"<!-- generated by `python tools/bench_seed_packs.py --data <data> --markdown {a.markdown}` -->\n"
+                f"Measured at commit {commit()} on {cpu_name()} ({platform.node()}), one thread, torch "
+                f"{torch.__version__}: {a.rounds} rounds in which every configuration took one step alone and, "
+                "for the MQAR sweep, one with three seeds vmapped. Step times are the fastest round's; the ratio "
+                "is of the summed times over all rounds (three seeds packed / one seed alone; 3 saves nothing).\n\n")
+        lines = ["| task | mixer | d | 1 seed, ms/step | 3 seeds vmapped, ms/step | ratio | note |",
+                 "|---|---|---|---|---|---|---|"]
         for r in rows:
-            lines.append(f"| {r['arch']} | {r['d_model']} | {fmt(r['alone_ms'], 0)} | {fmt(r['pack_ms'], 0)} | "
+            lines.append(f"| {r['task']} | {r['arch']} | {r['d_model']} | {fmt(r['alone_ms'], 0)} | {fmt(r['pack_ms'], 0)} | "
                          f"{fmt(r['ratio'])} | {r['note']} |")
         a.markdown.write_text(head + "\n".join(lines) + "\n")
     return 0
