@@ -77,3 +77,13 @@ def test_in_fp32_it_agrees_with_the_path_seqmix_trains_with(tool):
     for mine, reference in ((theirs.layers[1].x_proj.weight, ours.blocks[1].mixer.x_proj.weight),
                             (theirs.layers[0].dt_proj.bias, ours.blocks[0].mixer.dt_proj.bias)):
         torch.testing.assert_close(mine.grad, reference.grad, rtol=1e-3, atol=1e-5)
+
+
+def test_its_weights_put_into_seqmix_give_its_own_outputs(tool):
+    # --through-seqmix trains the independent initialisation in seqmix's model: the same
+    # function, so the same outputs from the first step.
+    theirs = tool.MambaLMIndependent(32, 16, d_state=4).double()
+    ours = seqmix_mamba_lm().double()
+    ours.load_state_dict(theirs.seqmix_state())
+    x = torch.randint(0, 32, (3, 12))
+    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-10, atol=1e-10)
