@@ -124,14 +124,14 @@ def recall_table(runs: pd.DataFrame, best: dict[str, pd.DataFrame]) -> str:
     body = []
     for g, b in best.items():
         points = seed_points(runs, b)
-        for arch in ordered(b.arch):
+        for k, arch in enumerate(ordered(b.arch)):
             mine = points[points.arch == arch]
             for i, seed in enumerate(sorted(mine.seed.unique())):
                 cells = []
                 for w in widths:
                     at = mine[(mine.per_value == w) & (mine.seed == seed)]
                     cells.append(f"{at.test_value.iloc[0]:.3f}\\,{{\\scriptsize {at.ending.iloc[0]}}}" if len(at) else "--")
-                body.append([escape(task_label(g)) if i == 0 else "", escape(arch_label(arch)) if i == 0 else "",
+                body.append([escape(task_label(g)) if i == k == 0 else "", escape(arch_label(arch)) if i == 0 else "",
                              str(seed), *cells])
     first = runs[runs.group == groups[0]]
     lrs = first.lr.nunique()
