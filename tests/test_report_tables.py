@@ -197,8 +197,13 @@ def test_the_recall_table_gives_every_seed_and_the_macros_the_majority():
     cell = "{}\\,{{\\scriptsize {}}}".format
     assert f"a & GLA & 0 & {cell('0.200', '800p')} & {cell('1.000', '500s')}" in tex
     assert f" &  & 2 & {cell('0.900', '1200s')} & {cell('0.300', '1500b')}" in tex
-    assert "& 3 &" not in tex
+    assert "& 3 &" not in tex and "fewer seeds" not in tex
     assert recall_tables.recall_macros(best, runs) == {"a-gla-d8": "0.900", "a-gla-d16": "1.000", "numGroups": "1"}
+    # A mixer with one seed beside it is named in the note.
+    runs = pd.concat([runs, runs.iloc[:1].assign(arch="softmax", seed=0)])
+    best["a"] = pd.concat([best["a"], best["a"].iloc[:1].assign(arch="softmax")])
+    tex = recall_tables.recall_table(runs, best)
+    assert "Trained with fewer seeds than the others' 3 (this profile's seeds per architecture): Softmax (1)." in tex
 
 
 def test_a_recall_cell_names_every_seed_that_ended_differently():

@@ -134,16 +134,33 @@ def recall_table(runs: pd.DataFrame, best: dict[str, pd.DataFrame]) -> str:
                 body.append([escape(task_label(g)) if i == k == 0 else "", escape(arch_label(arch)) if i == 0 else "",
                              str(seed), *cells])
     first = runs[runs.group == groups[0]]
+    fewer = seed_counts(runs, best)
     lrs = first.lr.nunique()
     chosen = (f"at the learning rate with the best mean validation accuracy for each width (of {lrs})" if lrs > 1
               else f"at learning rate {first.lr.iloc[0]:g}")
     note = (f"Test accuracy at query positions of each seed, {chosen}; {escape(first.iloc[0].train_data)}; seeds "
             "change the initialisation and the order of the batches, not the data. Beside each: the step its run "
             f"ended at and why: s solved (validation accuracy reached the early stop), {plateau_words(first)}b ran all "
-            "its steps, d diverged.")
+            f"its steps, d diverged.{fewer}")
     return table(["Task", "Architecture", "Seed", *[f"$d={w:g}$" for w in widths]], body,
                  caption="Multi-query associative recall against model width, every seed.", label="tab:recall",
                  align="llr" + "r" * len(widths), note=note, size="\\footnotesize", long=True)
+
+
+def seed_counts(runs: pd.DataFrame, best: dict[str, pd.DataFrame]) -> str:
+    """A sentence naming the mixers trained with fewer seeds than the most any has ("" when
+    every mixer has as many): the profile gave its seeds to some points only."""
+    counts = {}
+    for b in best.values():
+        points = seed_points(runs, b)
+        for arch, at in points.groupby("arch"):
+            counts[arch] = max(counts.get(arch, 0), at.seed.nunique())
+    most = max(counts.values(), default=0)
+    fewer = {a: n for a, n in counts.items() if n < most}
+    if not fewer:
+        return ""
+    names = ", ".join(f"{escape(arch_label(a))} ({fewer[a]})" for a in ordered(fewer))
+    return f" Trained with fewer seeds than the others' {most} (this profile's seeds per architecture): {names}."
 
 
 def recall_macros(best: dict[str, pd.DataFrame], runs: pd.DataFrame) -> dict[str, str]:
