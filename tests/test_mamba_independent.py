@@ -87,3 +87,17 @@ def test_its_weights_put_into_seqmix_give_its_own_outputs(tool):
     ours.load_state_dict(theirs.seqmix_state())
     x = torch.randint(0, 32, (3, 12))
     torch.testing.assert_close(ours(x), theirs(x), rtol=1e-10, atol=1e-10)
+
+
+def test_zoology_init_is_the_one_zoology_trains_from(tool):
+    # Every linear map N(0, 0.02) with zero biases, so Δ's bias is 0 (softplus 0.69, not
+    # mamba_ssm's [0.001, 0.1]); out_proj N(0, 0.02 / √4); A and D as mamba_ssm's.
+    torch.manual_seed(0)
+    model = seqmix_mamba_lm(vocab=64, L=48, d=64, d_state=16)
+    before = model.blocks[0].mixer.A_log.clone()
+    tool.zoology_init(model)
+    mixer = model.blocks[0].mixer
+    assert torch.equal(mixer.dt_proj.bias, torch.zeros_like(mixer.dt_proj.bias))
+    assert mixer.in_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert mixer.out_proj.weight.std().item() == pytest.approx(0.01, rel=0.1)
+    assert torch.equal(mixer.A_log, before) and torch.equal(mixer.D, torch.ones_like(mixer.D))

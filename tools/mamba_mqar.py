@@ -173,6 +173,25 @@ def build(kind: str, vocab: int, seq_len: int, d: int, d_state: int, zoh: bool, 
     return model
 
 
+def zoology_init(model: nn.Module, n_layers: int = 2) -> None:
+    """The initialisation Zoology's MQAR models train from (Arora et al. 2024; zoology/model.py
+    ``_init_weights``, which its LanguageModel applies to every module, the Mamba mixer's own
+    projections included): every nn.Linear N(0, 0.02) with a zero bias, so Δ's bias is 0
+    (softplus(0) = 0.69, where mamba_ssm draws Δ from [0.001, 0.1]); embeddings N(0, 0.02);
+    out_proj N(0, 0.02 / √(2 n_layers)). A, D and the convolution keep mamba_ssm's init."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+        for name, p in model.named_parameters():
+            if name.endswith("out_proj.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * n_layers))
+
+
 def logits_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x)
 
@@ -238,6 +257,8 @@ def main(argv=None) -> int:
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--d-state", type=int, default=16)
     p.add_argument("--zoh", action="store_true", help="the independent model's B̄ by the exact zero-order hold")
+    p.add_argument("--zoology-init", action="store_true",
+                   help="seqmix's model with the initialisation Zoology trains from (zoology_init)")
     p.add_argument("--through-seqmix", action="store_true",
                    help="train the independent model's initial weights in seqmix's model (the same function, faster)")
     p.add_argument("--seed", type=int, default=0)
@@ -258,6 +279,10 @@ def main(argv=None) -> int:
     if a.through_seqmix and (a.model != "independent" or a.zoh):
         p.error("--through-seqmix takes --model independent without --zoh (seqmix's scan uses B̄ = ΔB)")
     model = build(a.model, vocab, seq_len, a.d_model, a.d_state, a.zoh, a.seed, a.through_seqmix)
+    if a.zoology_init:
+        if a.model != "seqmix":
+            p.error("--zoology-init takes --model seqmix")
+        zoology_init(model)
     opt = optimizer(model, a.lr, a.weight_decay)
     rows, started, window = [], time.time(), []
     with open(a.out, "w", newline="") as f:
@@ -276,7 +301,7 @@ def main(argv=None) -> int:
             window = (window + [loss.item()])[-a.eval_every:]
             if (step + 1) % a.eval_every == 0:
                 val_loss, acc = evaluate(model, valid)
-                row = {"model": "seqmix" if a.through_seqmix else a.model, "init": a.model, "d_model": a.d_model, "d_state": a.d_state, "lr": a.lr, "seed": a.seed,
+                row = {"model": "seqmix" if a.through_seqmix else a.model, "init": "zoology" if a.zoology_init else a.model, "d_model": a.d_model, "d_state": a.d_state, "lr": a.lr, "seed": a.seed,
                        "step": step + 1, "train_loss": round(sum(window) / len(window), 4), "val_loss": round(val_loss, 4),
                        "val_accuracy": round(acc, 4), "grad_norm": round(norm, 3),
                        "elapsed_s": round(time.time() - started, 1)}
