@@ -305,6 +305,16 @@ def test_a_verdict_that_one_seed_decides_is_inconclusive_and_names_it(tmp_path):
     assert evaluate(tmp_path, [claim_], runs).loc["width"].verdict == "agrees"
 
 
+def test_leaving_a_seed_out_keeps_the_mixers_that_have_no_other(tmp_path):
+    # H3 and Mamba have seed 0 alone, GLA seeds 0-2 (a profile's seeds per architecture).
+    # Leaving out seed 0 leaves out GLA's seed 0, not H3's and Mamba's only runs: the verdict
+    # (log2(16 / 8) = 1) stands, rather than turning "not testable" for want of H3.
+    runs = (seeded("h3", {8: [0.2], 16: [0.95]}) + seeded("mamba", {8: [0.95], 16: [0.95]})
+            + seeded("gla", {8: [0.95] * 3, 16: [0.95] * 3}))
+    row = evaluate(tmp_path, [SEEDED], runs).loc["width"]
+    assert row.verdict == "agrees" and row.value == pytest.approx(1.0)
+
+
 def test_a_mixer_that_did_not_learn_is_listed_not_counted_as_a_bound(tmp_path):
     # Mamba never reaches 0.9 and its final validation loss stays within 5% of ln 8 = 2.08 at
     # every width and seed: it did not learn the task, so only GLA's need (8) counts and H3's

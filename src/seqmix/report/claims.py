@@ -350,6 +350,14 @@ def _width_verdict(rows: pd.DataFrame, claim: dict) -> ClaimResult:
     return dataclasses.replace(result, why=result.why + aside)
 
 
+def _without_seed(rows: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """``rows`` without ``seed``'s runs, but for the mixers that have no other seed (a profile
+    may give some mixers one seed only: leaving it out would leave them unmeasured)."""
+    others = rows[rows.seed != seed].groupby("arch").size()
+    alone = [a for a in rows.arch.unique() if a not in others.index]
+    return rows[(rows.seed != seed) | rows.arch.isin(alone)]
+
+
 def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
     """How much more of a swept axis (width) ``arch`` needs than the ``baselines`` to reach
     ``threshold``: log2(needed[arch] / max(needed[baseline])), where a mixer needs the
@@ -368,7 +376,7 @@ def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
         return result
     would = {"agrees": "would agree", "disagrees": "would disagree", "not testable": "would not be testable"}
     flips = [f"without seed {s} it {would[alt.verdict]} ({alt.ours})"
-             for s in seeds if (alt := _width_verdict(rows[rows.seed != s], claim)).verdict != result.verdict]
+             for s in seeds if (alt := _width_verdict(_without_seed(rows, s), claim)).verdict != result.verdict]
     if not flips:
         return result
     return dataclasses.replace(result, verdict="inconclusive",
