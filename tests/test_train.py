@@ -203,6 +203,24 @@ def test_the_head_scores_only_positions_with_a_target():
                                torch.nn.functional.cross_entropy(full.reshape(-1, 40), dense.reshape(-1)))
 
 
+def test_the_seeds_of_a_point_share_its_data_and_differ_in_init_and_batches(prepared_mqar, tmp_path):
+    # A seed changes the initialisation and the order of the batches, never the cell: every
+    # seed reads the same data directory, generated once from the task's data_seed.
+    cfg = copy.deepcopy(prepared_mqar)
+    cfg["results_dir"], cfg["seeds"] = str(tmp_path), [0, 1]
+    study = validate_config(cfg)
+    specs = [run_spec(study, "mqar", "softmax", s) for s in (0, 1)]
+    assert specs[0].data_dir == specs[1].data_dir and specs[0].settings == specs[1].settings
+    assert specs[0].settings["data_seed"] == 1234 and specs[0].run_dir != specs[1].run_dir
+    tasks = [make_task(s) for s in specs]
+    assert all(torch.equal(a, b) for a, b in zip(tasks[0].split("train"), tasks[1].split("train")))
+    assert not torch.equal(tasks[0].train_batch(5, 4, "cpu")[0], tasks[1].train_batch(5, 4, "cpu")[0])
+    from seqmix.train.loop import build_for_spec
+
+    w0, w1 = (build_for_spec(s, t)[0].tok_emb.weight for s, t in zip(specs, tasks))
+    assert not torch.equal(w0, w1)
+
+
 def test_mqar_query_distance_points_at_the_key():
     from seqmix.data.mqar import multiquery_ar
     from seqmix.tasks.mqar import MQAR, MQARSettings
