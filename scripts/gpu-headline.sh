@@ -10,7 +10,8 @@
 #      its slots per GPU passed on;
 #   3. make paper-headline (the runs, their evaluations, the recording), stopped at LIMIT_S;
 #   4. into $OUT: headline.tar.gz (the applied config, the measurement, every run's small
-#      files, logs and benchmarks, the recorded study) and this script's log.
+#      files, logs and benchmarks, the recorded study; paths relative to the checkout) and
+#      this script's log, gpu-headline.log.
 # Every step is timed in the log. The CPU rehearsal (the same script, no GPU) is in
 # docs/gpu-headline.md.
 set -uo pipefail
@@ -49,8 +50,9 @@ fi
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" || exit 2
 results=$("$PYTHON" -c "from seqmix.config import load_config; print(load_config('$HEADLINE').results_dir)") || exit 2
 data=$("$PYTHON" -c "from seqmix.config import load_config; print(load_config('$HEADLINE').data.dir)") || exit 2
+# Its own folder: `make gpu-check` empties results/bench/<gpu>/ of files, not of folders.
 BENCH=${BENCH:-results/bench/$("$PYTHON" -c "import torch; from seqmix.bench.kernels import device_slug; \
-print(device_slug(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else 'cpu')")}
+print(device_slug(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else 'cpu')")/headline}
 mkdir -p "$BENCH"
 # Carried data keep their order in time (tokenizer, then the splits): the DAG does not redo them.
 if [ -d "$data/tokenizer" ]; then
@@ -60,8 +62,8 @@ stamp "installed"
 
 "$PYTHON" -m seqmix.bench.packing --config "$HEADLINE" --jobs "$PACK_JOBS" --modes "$PACK_MODES" \
   --steps "$PACK_STEPS" --window "$PACK_WINDOW" --measure-budget-s "$MEASURE_S" --deadline $(( t0 + LIMIT_S )) \
-  --out "$BENCH/headline_packing.csv" --choice "$BENCH/headline_choice.json" --apply "$HEADLINE"
-slots=$("$PYTHON" -c "import json; print(json.load(open('$BENCH/headline_choice.json'))['slots_per_gpu'])" 2>/dev/null || echo 6)
+  --out "$BENCH/packing.csv" --choice "$BENCH/choice.json" --apply "$HEADLINE"
+slots=$("$PYTHON" -c "import json; print(json.load(open('$BENCH/choice.json'))['slots_per_gpu'])" 2>/dev/null || echo 6)
 stamp "measured; running $HEADLINE with $slots slots per GPU"
 
 left=$(( t0 + LIMIT_S - $(date +%s) ))
@@ -72,11 +74,10 @@ stamp "make paper-headline: exit status $status"
 
 # What comes back: small files only (no weights, no checkpoints).
 list=$(mktemp)
-{ echo "$HEADLINE"; ls "$BENCH"/headline_* 2>/dev/null
+{ echo "$HEADLINE"; find "$BENCH" -type f 2>/dev/null
   find "$results" -type f \( -name config.json -o -name metrics.json -o -name eval.json -o -name log.csv \
        -o -name provenance.json -o -path '*/logs/*' -o -path '*/benchmarks/*' \) 2>/dev/null
-  find results/recorded -type f 2>/dev/null; ls -t .snakemake/log/*.log 2>/dev/null | head -1
-  echo "$OUT/gpu-headline.log"; } > "$list"
+  find results/recorded -type f 2>/dev/null; ls -t .snakemake/log/*.log 2>/dev/null | head -1; } > "$list"
 tar -czf "$OUT/headline.tar.gz" --ignore-failed-read -T "$list" 2>/dev/null
 stamp "packed $(wc -l < "$list") files into $OUT/headline.tar.gz ($(du -h "$OUT/headline.tar.gz" | cut -f1))"
 rm -f "$list"

@@ -122,6 +122,9 @@ def test_the_choice_cuts_seeds_before_anything_else_and_takes_the_faster_step():
     slowdown = packing.step_ms_at({1: 8.0, 6: 12.0}, 2) / 8.0
     assert one == pytest.approx(20.0 + 18000 * packing.step_ms_at({1: 8.0, 6: 12.0}, 2) / 1e3
                                 + evals * 8.0 / 1e3 * slowdown, abs=0.1)
+    # Fewer slots than runs: waves of that many runs, each as long as its slowest run.
+    wave = packing.predict(fast, study, "compiled", seeds=1, slots=2, overhead_s=0)
+    assert packing.predict(fast, study, "compiled", seeds=3, slots=2, overhead_s=0) == pytest.approx(3 * wave, abs=0.2)
     assert packing.choose([], study, 6, 420, 40)["measured"] is False
 
 
@@ -161,10 +164,9 @@ mixers:
 """
 
 
-@pytest.mark.slow
 def test_the_measurement_runs_its_workers_and_chooses(tmp_path):
-    """The measurement end to end on the CPU (tiny model, eager steps only): its rows, its
-    choice and the config written. About a minute here."""
+    """The measurement end to end on the CPU (tiny model, eager steps only, two workers): its
+    rows, its choice and the config written. About 15 s here."""
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY_LM)
     out, choice = tmp_path / "packing.csv", tmp_path / "choice.json"

@@ -2,7 +2,7 @@
 (``python -m seqmix.bench.packing --config config/paper-headline.yaml``): what
 scripts/gpu-headline.sh measures before the headline study, and the choices it takes from it.
 
-``--jobs`` K worker processes (the study's runs in its order: architectures and seeds as it
+``--jobs`` K worker processes (the study's runs seed by seed: architectures and seeds as it
 trains them), each holding its run's model twice as training builds it (run spec, budget
 solved, optimiser), one stepped eagerly and one under ``train.compile``, on one made-up batch
 of the run's shapes. This process drives them:
@@ -214,7 +214,9 @@ def measure(config: str, jobs: int, steps: int, window: float, budget_s: float, 
     from seqmix.study import runs
 
     study = load_config(config)
-    every = [{"task": r.task, "arch": r.arch, "seed": r.seed} for r in runs(study)]
+    # seed by seed, so that K < the study's runs still measures every architecture
+    order = sorted(runs(study), key=lambda r: (study.seeds.index(r.seed), study.architectures.index(r.arch)))
+    every = [{"task": r.task, "arch": r.arch, "seed": r.seed} for r in order]
     chosen = [every[i % len(every)] for i in range(jobs)]
     deadline = time.monotonic() + budget_s
     handles = [Handle(r, config, modes) for r in chosen]
@@ -283,10 +285,10 @@ def step_ms_at(times: dict[int, float], k: int) -> float:
 
 def predict(rows: list[dict], study, mode: str, seeds: int, slots: int, overhead_s: float) -> float | None:
     """The study's wall time in seconds with ``seeds`` seeds and at most ``slots`` jobs at once
-    (1: one after another; else every run at once), or None where ``mode`` was not measured.
-    A run: its start-up (``ready_s``: a worker that found the compile cache), its steps, its
-    periodic and final evaluation batches (at the eval time measured alone, slowed as the
-    steps are together)."""
+    (1: one after another; else in waves of ``slots`` runs, each as long as its slowest), or
+    None where ``mode`` was not measured. A run: its start-up (``ready_s``: a worker that
+    found the compile cache), its steps, its periodic and final evaluation batches (at the
+    eval time measured alone, slowed as the steps are together)."""
     times = _times(rows, mode)
     if times is None:
         return None
@@ -296,14 +298,14 @@ def predict(rows: list[dict], study, mode: str, seeds: int, slots: int, overhead
     (v,) = _variants(study)
     train = v.section.train
     jobs = seeds * len(times)
-    k = jobs if slots >= jobs else 1
+    k = min(slots, jobs)
     batches = train.steps // train.eval_every * train.eval_batches + final_eval_batches(study, v)
     per_run = {}
     for arch, t in times.items():
         t_step = step_ms_at(t, k) / 1e3
         slowdown = step_ms_at(t, k) / t[min(t)]
         per_run[arch] = ready.get(arch, 0.0) + train.steps * t_step + batches * alone.get(arch, 0.0) / 1e3 * slowdown
-    runs_time = max(per_run.values()) if k > 1 else seeds * sum(per_run.values())
+    runs_time = math.ceil(jobs / k) * max(per_run.values()) if k > 1 else seeds * sum(per_run.values())
     return round(overhead_s + runs_time, 1)
 
 
@@ -335,10 +337,11 @@ def final_eval_batches(study, v) -> int:
     return total
 
 
-def choose(rows: list[dict], study, jobs: int, budget_s: float, overhead_s: float) -> dict:
+def choose(rows: list[dict], study, jobs: int, budget_s: float, overhead_s: float, margin: float = 0.9) -> dict:
     """The step, slots per GPU and seeds (module docstring): the most seeds whose predicted
-    wall time fits ``budget_s``, then the shortest; seeds are cut before anything else, and
-    where not even one seed fits, one seed the shortest way (``fits`` false)."""
+    wall time fits ``margin`` x ``budget_s`` (a run that overruns the deadline is lost whole),
+    then the shortest; seeds are cut before anything else, and where not even one seed fits,
+    one seed the shortest way (``fits`` false)."""
     options = []
     for mode in MODES:
         for slots in sorted({1, jobs}):
@@ -349,14 +352,14 @@ def choose(rows: list[dict], study, jobs: int, budget_s: float, overhead_s: floa
     if not options:
         return {"measured": False, "compile": False, "slots_per_gpu": jobs, "seeds": study.seeds[:1], "options": [],
                 "reason": "nothing was measured: the eager step, every job at once, one seed"}
-    fits = [o for o in options if o["predicted_wall_s"] <= budget_s]
+    fits = [o for o in options if o["predicted_wall_s"] <= margin * budget_s]
     best = (max(fits, key=lambda o: (o["seeds"], -o["predicted_wall_s"])) if fits
             else min(options, key=lambda o: (o["seeds"], o["predicted_wall_s"])))
     times = _times(rows, best["mode"]) or {}
     gain = {arch: round(jobs * t[1] / t[jobs], 2) for arch, t in times.items() if 1 in t and jobs in t}
     return {"measured": True, "compile": best["mode"] == "compiled", "slots_per_gpu": best["slots_per_gpu"],
             "seeds": study.seeds[: best["seeds"]], "predicted_wall_s": best["predicted_wall_s"], "fits": bool(fits),
-            "budget_s": budget_s, "overhead_s": overhead_s,
+            "budget_s": budget_s, "margin": margin, "overhead_s": overhead_s,
             # steps per second of K jobs together over one alone: the default SLOTS_PER_GPU follows it
             "packing_gain": gain, "recommended_slots_per_gpu": jobs if gain and min(gain.values()) > 1.0 else 1,
             "options": options}
@@ -392,8 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=540.0, help="the study's time: the seeds must fit it")
     p.add_argument("--deadline", type=float, default=None,
                    help="the study must end by this Unix time: its budget is what is left when the measurement ends")
-    p.add_argument("--overhead-s", type=float, default=40.0,
+    p.add_argument("--overhead-s", type=float, default=50.0,
                    help="the study's time besides its runs' own (Snakemake, the evaluation jobs, recording): an allowance")
+    p.add_argument("--margin", type=float, default=0.9, help="the predicted time must fit this share of the budget")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--out", default="packing.csv")
     p.add_argument("--choice", default="choice.json")
@@ -414,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
                    tuple(args.modes.split(",")))
     write_csv(Path(args.out), rows, FIELDS)
     budget = args.budget_s if args.deadline is None else round(args.deadline - time.time(), 1)
-    choice = choose(rows, study, args.jobs, budget, args.overhead_s)
+    choice = choose(rows, study, args.jobs, budget, args.overhead_s, args.margin)
     write_json(Path(args.choice), choice)
     print(json.dumps({k: v for k, v in choice.items() if k != "options"}), flush=True)
     if args.apply:
