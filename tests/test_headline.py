@@ -128,16 +128,19 @@ def test_the_choice_cuts_seeds_before_anything_else_and_takes_the_faster_step():
     assert packing.choose([], study, 6, 420, 40)["measured"] is False
 
 
-def test_the_choice_is_written_into_the_config_file(tmp_path):
-    path = tmp_path / "config" / "paper-headline.yaml"
-    path.parent.mkdir()
-    path.write_text(HEADLINE.read_text())
+@pytest.mark.parametrize("config", [HEADLINE, SMOKE])
+def test_the_choice_is_written_into_the_config_file(tmp_path, config):
+    (tmp_path / "config").mkdir()
+    for f in (HEADLINE, SMOKE):
+        (tmp_path / "config" / f.name).write_text(f.read_text())
+    path = tmp_path / "config" / config.name
     packing.apply(path, {"seeds": [0, 1], "compile": True})
     study = load_config(path)
     assert study.seeds == [0, 1] and study.tasks["wikitext2"].train.compile is True
-    before = flatten(load_config(HEADLINE).model_dump(mode="json"))
+    before = flatten(load_config(config).model_dump(mode="json"))
     after = flatten(study.model_dump(mode="json"))
     assert {k for k in after if after[k] != before[k]} == {"seeds", "tasks.wikitext2.train.compile"}
+    assert path.read_text().count("#") == config.read_text().count("#")  # comments kept
     (tmp_path / "bad.yaml").write_text("seeds: [0]\n")
     with pytest.raises(ValueError, match="one '      compile: true|false' line"):
         packing.apply(tmp_path / "bad.yaml", {"seeds": [0], "compile": False})

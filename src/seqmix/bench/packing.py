@@ -365,8 +365,8 @@ def choose(rows: list[dict], study, jobs: int, budget_s: float, overhead_s: floa
             "options": options}
 
 
-SEEDS_LINE = re.compile(r"^seeds: \[[0-9, ]*\]$", re.M)
-COMPILE_LINE = re.compile(r"^(      compile: )(true|false)$", re.M)
+SEEDS_LINE = re.compile(r"^(seeds: )\[[0-9, ]*\]( *#.*)?$", re.M)
+COMPILE_LINE = re.compile(r"^(      compile: )(true|false)( *#.*)?$", re.M)
 
 
 def apply(path: str | os.PathLike, choice: dict) -> None:
@@ -377,8 +377,9 @@ def apply(path: str | os.PathLike, choice: dict) -> None:
     text = Path(path).read_text()
     if len(SEEDS_LINE.findall(text)) != 1 or len(COMPILE_LINE.findall(text)) != 1:
         raise ValueError(f"{path}: expected one 'seeds: [...]' line and one '      compile: true|false' line to set")
-    text = SEEDS_LINE.sub(f"seeds: [{', '.join(map(str, choice['seeds']))}]", text)
-    text = COMPILE_LINE.sub(lambda m: m.group(1) + ("true" if choice["compile"] else "false"), text)
+    seeds = f"[{', '.join(map(str, choice['seeds']))}]"
+    text = SEEDS_LINE.sub(lambda m: m.group(1) + seeds + (m.group(2) or ""), text)
+    text = COMPILE_LINE.sub(lambda m: m.group(1) + ("true" if choice["compile"] else "false") + (m.group(3) or ""), text)
     Path(path).write_text(text)
     study = load_config(path)
     assert study.seeds == list(choice["seeds"]) and all(
