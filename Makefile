@@ -17,13 +17,15 @@ MEM_MB ?= $(shell awk '/MemTotal/ {printf "%d", $$2 * 0.9 / 1024}' /proc/meminfo
 # Extra Snakemake options, e.g. `make paper-smoke SNAKEMAKE_ARGS="--prioritize sparsity"`.
 SNAKEMAKE_ARGS ?=
 SNAKEMAKE := snakemake --profile workflow/profiles/default --cores $(CORES) --resources mem_mb=$(MEM_MB) $(SNAKEMAKE_ARGS)
+# A study's report folder (<results_dir>/report: figures, tables, report.pdf, report.html).
+report_dir = $$(python -m seqmix where report --config $(1))
 
 .PHONY: install latex report report-timings paper paper-smoke plan test test-all lint clean help gpu-check gpu-check-smoke gpu-wheels
 
 help:
-	@echo "make report       build paper/report.pdf and report.html with the quick profile (2-core CPU, within an hour)"
+	@echo "make report       the quick profile's report (2-core CPU, within an hour) -> results/report/, copied to paper/report.pdf"
 	@echo "make report-timings  put the last make report's job times (commit, machine) in the README"
-	@echo "make paper        build it with config/paper.yaml (GPU)"
+	@echo "make paper        the paper profile's (config/paper.yaml, GPU) -> results/paper/report/, copied to paper/report.pdf"
 	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU, see README)"
 	@echo "make plan         what config/paper.yaml costs (runs, tokens, FLOPs, memory, H100 hours) -> README"
 	@echo "make gpu-check    on a GPU: kernels, kernel bench, step times, a training run -> results/bench/<gpu>/ (<= 8 min)"
@@ -51,7 +53,7 @@ latex:
 
 report: install latex
 	$(SNAKEMAKE)
-	snakemake --cores $(CORES) --report paper/report.html
+	snakemake --cores $(CORES) --report "$(call report_dir,config/config.yaml)/report.html"
 	python -m seqmix benchmarks results/benchmarks --out results/benchmarks.csv --markdown results/benchmarks.md
 
 # The README's measured times of the default study: its job times per rule, from the last
@@ -61,13 +63,12 @@ report-timings: install
 
 paper: install latex
 	$(SNAKEMAKE) --configfile config/paper.yaml
-	snakemake --cores $(CORES) --report paper/report.html --configfile config/paper.yaml
+	snakemake --cores $(CORES) --report "$(call report_dir,config/paper.yaml)/report.html" --configfile config/paper.yaml
 
-# config/paper-smoke.yaml = config/paper.yaml plus its listed cuts. The report it builds is
-# copied to results/paper-smoke/ with each job's time and peak memory (benchmarks.md).
+# config/paper-smoke.yaml = config/paper.yaml plus its listed cuts: its report is built in
+# results/paper-smoke/report/, each job's time and peak memory in results/paper-smoke/benchmarks.md.
 paper-smoke: install latex
 	$(SNAKEMAKE) --configfile config/paper-smoke.yaml
-	cp paper/report.pdf results/paper-smoke/report.pdf
 	python -m seqmix benchmarks results/paper-smoke/benchmarks --out results/paper-smoke/benchmarks.csv \
 		--markdown results/paper-smoke/benchmarks.md --readme README.md
 
@@ -96,7 +97,7 @@ lint: install
 	snakemake --lint
 
 clean:
-	rm -rf results/runs results/analysis results/summary results/notebooks results/logs paper/figures paper/tables paper/report.pdf paper/report.html
+	rm -rf results/runs results/analysis results/summary results/notebooks results/logs results/report paper/report.pdf
 
 # `make kernels-compile`: every Triton kernel compiled for sm_80 and sm_90 at every launch of both
 # profiles, `bench kernels` and the kernel tests, with the pinned Triton (no GPU needed; the

@@ -122,6 +122,14 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def cmd_where(args) -> int:
+    from seqmix.study import report_dir
+
+    study = load_config(args.config)
+    print({"results": study.results_dir, "report": report_dir(study)}[args.what])
+    return 0
+
+
 def job_of(args, model, build):
     """The job's spec: ``--spec`` as given, else built from ``--config`` by ``build``."""
     return parse_spec(model, args.spec) if args.spec else build(load_config(args.config))
@@ -453,6 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", default="auto")
 
     _add(sub, "runs", cmd_runs, "list the run directories the config trains")
+
+    sp = _add(sub, "where", cmd_where, "the study's results folder, or its report folder (figures/, tables/, "
+              "report.pdf, report.html)")
+    sp.add_argument("what", choices=["results", "report"])
 
     sp = _add(sub, "jobs", cmd_jobs, "the validated study and every job's spec as JSON, with the files read to "
               "make it (what the Snakefile builds its rules from; seqmix.dag caches it)")
