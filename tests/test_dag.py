@@ -27,7 +27,7 @@ def copy_workflow(dst: Path) -> Path:
     """The workflow sources (not results) in a scratch copy, so tests can touch them."""
     dst.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("Snakefile", "workflow", "notebooks", "src", "config", "envs", "requirements.txt"):
+    for name in ("Snakefile", "workflow", "notebooks", "src", "kernels", "config", "envs", "requirements.txt"):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=ignore)
