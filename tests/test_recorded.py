@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -87,13 +88,34 @@ def test_record_copies_each_runs_small_outputs_under_study_device_and_date(study
             assert (run / name).read_bytes() == (results / run.relative_to(where / "runs") / name).read_bytes()
     prov = json.loads((runs[0] / "provenance.json").read_text())
     assert meta["study"] == {"config": str(study), "profile": "tiny-headline", "results_dir": cfg["results_dir"]}
-    assert meta["git"] == prov["git"] and meta["device"] == prov["device"]["name"] and meta["host"] == prov["host"]
+    assert meta["git"] == {**prov["git"], "from": "provenance"} and meta["device"] == prov["device"]["name"] and meta["host"] == prov["host"]
     assert meta["command"] == f"python -m seqmix record --config {study} --out {recorded}"
     assert meta["made_by"] == "pytest"
     for row in meta["runs"]:
         metrics = json.loads((results / row["run"] / "metrics.json").read_text())
         assert (row["status"], row["wall_time_s"], row["steps_completed"]) == (
             metrics["status"], metrics["wall_time_s"], metrics["steps_completed"])
+
+
+def test_a_commit_given_fills_in_for_runs_made_without_git_and_never_overrides_theirs(study, tmp_path):
+    from seqmix.report.recorded import Recording
+
+    cfg = yaml.safe_load(study.read_text())
+    shutil.copytree(cfg["results_dir"], tmp_path / "results")
+    for prov in (tmp_path / "results").rglob("provenance.json"):  # as on a machine the checkout was copied to
+        prov.write_text(json.dumps({**json.loads(prov.read_text()), "git": {"commit": None, "dirty": None}}))
+    copied = write_config(tmp_path / "copied.yaml", {**cfg, "results_dir": str(tmp_path / "results")})
+    for given, shown in ((None, "commit unknown (no git checkout)"), ("0123456789abcdef", "commit 0123456789 (tree state unknown)")):
+        out = tmp_path / f"out-{given}"
+        assert cli(["record", "--config", str(copied), "--out", str(out)] + (["--commit", given] if given else [])) == 0
+        (where,) = out.glob("*/*/meta.json")
+        meta = json.loads(where.read_text())
+        assert meta["git"] == {"commit": given, "from": "--commit" if given else None, "dirty": None}
+        assert Recording(where.parent, meta, [], []).describe().endswith(shown)
+    out = tmp_path / "theirs"
+    assert cli(["record", "--config", str(study), "--out", str(out), "--commit", "0123456789abcdef"]) == 0
+    (where,) = out.glob("*/*/meta.json")
+    assert json.loads(where.read_text())["git"]["from"] == "provenance"
 
 
 def test_record_refuses_an_unfinished_study_naming_the_run_and_the_fix(prepared, study, tmp_path, capsys):

@@ -332,7 +332,7 @@ def cmd_record(args) -> int:
     from seqmix.report.recorded import record
 
     command = f"python -m seqmix record --config {args.config} --out {args.out}"
-    dest = record(args.config, args.out, command, args.made_by)
+    dest = record(args.config, args.out, command, args.made_by, args.commit)
     print(f"recorded {args.config}'s runs in {dest}")
     return 0
 
@@ -519,6 +519,8 @@ def _add_summaries(sub) -> None:
               "for every report to read (committed)")
     sp.add_argument("--out", default="results/recorded")
     sp.add_argument("--made-by", default=None, help="the command that ran the study, for meta.json (e.g. 'make paper-headline')")
+    sp.add_argument("--commit", default=None, help="the commit the runs were made at, where their provenance has none "
+                    "(a checkout copied without .git); never overrides theirs")
 
     sp = _add(sub, "schema", cmd_schema, "the JSON schema of a config file (every task kind and mixer)", config=False)
     sp.add_argument("--out", help="write it here (workflow/schemas/config.schema.json) instead of stdout")

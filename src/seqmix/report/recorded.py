@@ -52,10 +52,12 @@ ABSENT = "(absent)"
 
 
 def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
-           made_by: str | None = None) -> Path:
+           made_by: str | None = None, commit: str | None = None) -> Path:
     """Copy every run's RUN_FILES of the study ``config`` into ``out``/<profile>/<device>-<date>/
     with a meta.json; returns that directory. Refuses (FileError) a study with a run that
-    has not finished training and evaluation, before copying anything."""
+    has not finished training and evaluation, before copying anything. ``commit``: the
+    commit the runs were made at, for runs whose provenance has none (a checkout copied to
+    another machine without its .git); it never overrides one they have."""
     from seqmix.config import load_config
     from seqmix.study import run_dir, runs
 
@@ -65,7 +67,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
         if missing := [f for f in RUN_FILES if not (d / f).is_file()]:
             raise FileError(f"run {name} of {config} has not finished ({d} has no {', '.join(missing)}): run the "
                             f"study to the end (snakemake --configfile {config}), then record it")
-    meta = _meta(study, config, dirs, command, made_by)
+    meta = _meta(study, config, dirs, command, made_by, commit)
     dest = Path(out) / study.profile / f"{meta['device_dir']}-{meta['date']}"
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -89,7 +91,7 @@ def _one(values: Iterable[Any]) -> Any:
     return next(iter(distinct.values())) if len(distinct) == 1 else " + ".join(sorted(str(v) for v in distinct.values()))
 
 
-def _meta(study, config, dirs: dict[str, Path], command: str, made_by: str | None) -> dict:
+def _meta(study, config, dirs: dict[str, Path], command: str, made_by: str | None, commit: str | None) -> dict:
     from seqmix.bench.kernels import device_slug
 
     prov = {name: read_json(d / "provenance.json") for name, d in dirs.items()}
@@ -97,10 +99,11 @@ def _meta(study, config, dirs: dict[str, Path], command: str, made_by: str | Non
     # The day the study ended: its last evaluation.
     ended = max((d / "eval.json").stat().st_mtime for d in dirs.values())
     device = _one(p["device"]["name"] for p in prov.values())
+    known = _one(p["git"]["commit"] for p in prov.values())
     return {
         "study": {"config": shown(Path(config)), "profile": study.profile, "results_dir": study.results_dir},
-        "git": {"commit": _one(p["git"]["commit"] for p in prov.values()),
-                "dirty": any(bool(p["git"]["dirty"]) for p in prov.values())},
+        "git": {"commit": known or commit, "from": "provenance" if known else ("--commit" if commit else None),
+                "dirty": _one(p["git"]["dirty"] for p in prov.values())},
         "device": device,
         "device_dir": device_slug(device),
         "host": _one(p["host"] for p in prov.values()),
@@ -219,7 +222,8 @@ class Recording:
         """Which device, date and commit its runs came from."""
         git = self.meta["git"]
         commit = ", ".join(c[:10] for c in git["commit"].split(" + ")) if git["commit"] else "unknown (no git checkout)"
-        return f"{self.meta['device']}, {self.meta['date']}, commit {commit}" + (" (dirty tree)" if git["dirty"] else "")
+        tree = {True: " (dirty tree)", False: "", None: " (tree state unknown)"}.get(git["dirty"], " (dirty in part)")
+        return f"{self.meta['device']}, {self.meta['date']}, commit {commit}" + ("" if not git["commit"] else tree)
 
     def runs(self) -> pd.DataFrame:
         """runs.csv's rows (seqmix.report.collect) of its accepted runs."""
