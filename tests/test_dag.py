@@ -260,6 +260,34 @@ def test_editing_a_notebook_reruns_only_that_notebook(full_run):
     assert planned_jobs(everything) == {"notebook_complexity": 1, "report": 1, "latest_report": 1, "all": 1}
 
 
+def test_a_committed_recording_reruns_the_notebooks_that_read_it_and_they_report_it(full_run):
+    # This study, recorded into the scratch repository with its config at the headline
+    # study's path (seqmix.report.recorded.HEADLINE_CONFIG): the recording is read by the
+    # quality and claims notebooks alone, so committing it reruns those and the report; run,
+    # they decide the gap claim on it, naming where it came from, and draw its curves.
+    from seqmix import REPO_ROOT
+    from seqmix.report.latex import escape
+    from seqmix.report.recorded import HEADLINE_CONFIG
+
+    src, work = full_run
+    before = dry_run_jobs(src, work, work / "tiny.yaml")
+    shutil.copy2(work / "tiny.yaml", src / HEADLINE_CONFIG.relative_to(REPO_ROOT))
+    env = {**os.environ, "PYTHONPATH": str(src / "src")}
+    subprocess.run([sys.executable, "-m", "seqmix", "record", "--config", "tiny.yaml", "--out",
+                    str(src / "results" / "recorded")], cwd=work, env=env, check=True, capture_output=True)
+    after = dry_run_jobs(src, work, work / "tiny.yaml")
+    assert after == {**before, "notebook_quality": 1, "notebook_claims": 1, "report": 1, "latest_report": 1, "all": 1}
+    report = work / "results" / "report"
+    snakemake(src, work, str(report / "tables" / "claims.tex"), str(report / "tables" / "quality-macros.tex"),
+              str(report / "figures" / "quality_recorded.pdf"), "--configfile", str(work / "tiny.yaml"))
+    (meta,) = [json.loads(p.read_text()) for p in (src / "results" / "recorded").glob("*/*/meta.json")]
+    where = escape(f"recorded on {meta['device']}, {meta['date']}, commit ")  # (this scratch copy has no git)
+    assert where in (report / "tables" / "claims.tex").read_text()
+    recorded = read_macros(report / "tables" / "quality-macros.tex")["qRecorded"]
+    assert recorded.startswith(escape("recorded study test/")) and "refused" not in recorded
+    assert (report / "figures" / "quality_recorded.pdf").stat().st_size > 5_000
+
+
 def implied_runs(raw: dict) -> int:
     """Runs a config file trains, counted from the file itself: per task, its (or the
     study's) architectures, without the non-causal-only ones on a language-model task,
