@@ -278,8 +278,8 @@ def test_a_committed_recording_reruns_the_notebooks_that_read_it_and_they_report
     after = dry_run_jobs(src, work, work / "tiny.yaml")
     assert after == {**before, "notebook_quality": 1, "notebook_claims": 1, "report": 1, "latest_report": 1, "all": 1}
     report = work / "results" / "report"
-    snakemake(src, work, str(report / "tables" / "claims.tex"), str(report / "tables" / "quality-macros.tex"),
-              str(report / "figures" / "quality_recorded.pdf"), "--configfile", str(work / "tiny.yaml"))
+    snakemake(src, work, "results/report/tables/claims.tex", "results/report/tables/quality-macros.tex",
+              "results/report/figures/quality_recorded.pdf", "--configfile", str(work / "tiny.yaml"))
     (meta,) = [json.loads(p.read_text()) for p in (src / "results" / "recorded").glob("*/*/meta.json")]
     where = escape(f"recorded on {meta['device']}, {meta['date']}, commit ")  # (this scratch copy has no git)
     assert where in (report / "tables" / "claims.tex").read_text()
