@@ -24,14 +24,16 @@ SLOTS_PER_GPU ?= 6
 GPU_COUNT ?= $(shell PYTHONPATH=$(abspath src) $(PYTHON) -m seqmix.slots --count 2>/dev/null || echo 0)
 GPU_SLOTS = $(if $(filter-out 0,$(GPU_COUNT)),gpu_slots=$(shell echo $$(( $(GPU_COUNT) * $(SLOTS_PER_GPU) ))))
 SNAKEMAKE = snakemake --profile workflow/profiles/default --cores $(CORES) --resources mem_mb=$(MEM_MB) $(GPU_SLOTS) $(SNAKEMAKE_ARGS)
+# A study's report folder (<results_dir>/report: figures, tables, report.pdf, report.html).
+report_dir = $$(python -m seqmix where report --config $(1))
 
 .PHONY: install latex report report-timings paper paper-smoke paper-headline paper-headline-smoke plan test test-all \
 	lint clean help gpu-check gpu-check-smoke gpu-wheels gpu-data
 
 help:
-	@echo "make report       build paper/report.pdf and report.html with the quick profile (2-core CPU, within an hour)"
+	@echo "make report       the quick profile's report (2-core CPU, within an hour) -> results/report/, copied to paper/report.pdf"
 	@echo "make report-timings  put the last make report's job times (commit, machine) in the README"
-	@echo "make paper        build it with config/paper.yaml (GPU)"
+	@echo "make paper        the paper profile's (config/paper.yaml, GPU) -> results/paper/report/, copied to paper/report.pdf"
 	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU, see README)"
 	@echo "make paper-headline  the headline study's runs and evaluations on a GPU, then recorded (<= 9 min on an H100)"
 	@echo "make paper-headline-smoke  the same at its exact shapes, steps cut, jobs packed on one fake GPU (CPU)"
@@ -62,7 +64,7 @@ latex:
 
 report: install latex
 	$(SNAKEMAKE)
-	snakemake --cores $(CORES) --report paper/report.html
+	snakemake --cores $(CORES) --report "$(call report_dir,config/config.yaml)/report.html"
 	python -m seqmix benchmarks results/benchmarks --out results/benchmarks.csv --markdown results/benchmarks.md
 
 # The README's measured times of the default study: its job times per rule, from the last
@@ -72,13 +74,12 @@ report-timings: install
 
 paper: install latex
 	$(SNAKEMAKE) --configfile config/paper.yaml
-	snakemake --cores $(CORES) --report paper/report.html --configfile config/paper.yaml
+	snakemake --cores $(CORES) --report "$(call report_dir,config/paper.yaml)/report.html" --configfile config/paper.yaml
 
-# config/paper-smoke.yaml = config/paper.yaml plus its listed cuts. The report it builds is
-# copied to results/paper-smoke/ with each job's time and peak memory (benchmarks.md).
+# config/paper-smoke.yaml = config/paper.yaml plus its listed cuts: its report is built in
+# results/paper-smoke/report/, each job's time and peak memory in results/paper-smoke/benchmarks.md.
 paper-smoke: install latex
 	$(SNAKEMAKE) --configfile config/paper-smoke.yaml
-	cp paper/report.pdf results/paper-smoke/report.pdf
 	python -m seqmix benchmarks results/paper-smoke/benchmarks --out results/paper-smoke/benchmarks.csv \
 		--markdown results/paper-smoke/benchmarks.md --readme README.md
 
@@ -125,7 +126,7 @@ lint: install
 	snakemake --lint
 
 clean:
-	rm -rf results/runs results/analysis results/summary results/notebooks results/logs paper/figures paper/tables paper/report.pdf paper/report.html
+	rm -rf results/runs results/analysis results/summary results/notebooks results/logs results/report paper/report.pdf
 
 # `make kernels-compile`: every Triton kernel compiled for sm_80 and sm_90 at every launch of both
 # profiles, `bench kernels` and the kernel tests, with the pinned Triton (no GPU needed; the

@@ -240,7 +240,7 @@ def config_request(rule: str, wildcards: str) -> tuple[int, str] | None:
 
 def test_the_dag_reaches_the_report_through_sbatch(dag_run, slurm):
     work, log, planned, seen = dag_run
-    pdf = work / "paper" / "report.pdf"
+    pdf = work / "results" / "report" / "report.pdf"
     assert pdf.exists() and pdf.stat().st_size > 10_000
     blocks, subs = job_blocks(log), submissions(log)
     records = sacct(slurm, [s for _, s in subs])

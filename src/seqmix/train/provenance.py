@@ -75,11 +75,20 @@ def device_record(device: torch.device) -> dict:
     return rec
 
 
+def code_paths() -> dict:
+    """The folders seqmix and its kernels were imported from: the checkout that ran."""
+    import seqmix
+    import seqmix.kernels
+
+    return {"seqmix": str(Path(seqmix.__file__).parent), "kernels": str(Path(seqmix.kernels.__file__).parent)}
+
+
 def provenance(device: torch.device, seed: int | None = None, **extra) -> dict:
     """``implementation``: the dispatch setting and the path each mixer fast path took in the
     current block (a training run: ``train`` opens one), e.g. {"grassmann": "triton"}."""
     return {
         "git": git_commit(),
+        "code": code_paths(),
         "packages": package_versions(),
         "device": device_record(device),
         "implementation": dispatch.provenance(),
