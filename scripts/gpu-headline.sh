@@ -3,8 +3,8 @@
 # torch and Triton and no package registry (README, "GPU and kernels"; the exact device call
 # is in docs/gpu-headline.md). It needs, beside the checkout: .gpu-wheels/ (make gpu-wheels),
 # .gpu-data/ and data/paper-headline/ (make gpu-data).
-#   1. the wheels and seqmix (editable: the DAG's jobs import it from src/) into $PYTHON's
-#      environment, where they are not importable yet;
+#   1. the wheels into $PYTHON's environment, where they are not importable yet; seqmix is
+#      this checkout's src/ (PYTHONPATH), as every job of the DAG runs it;
 #   2. python -m seqmix.bench.packing: one run alone against six together, eager against
 #      compiled steps (<= MEASURE_S); its choice of step and seeds is written into $HEADLINE,
 #      its slots per GPU passed on;
@@ -34,10 +34,10 @@ stamp() { echo "== gpu-headline: $* ($(( $(date +%s) - t0 )) s)"; }
 export PYTHONUNBUFFERED=1 SEQMIX_DATA_MIRROR=${SEQMIX_DATA_MIRROR:-$PWD/.gpu-data}
 
 stamp "start: $(uname -n), $($PYTHON --version 2>&1), $HEADLINE"
-if ! "$PYTHON" -c "import pydantic, snakemake, seqmix.kernels" 2>/dev/null; then
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$PYTHON" -c "import pydantic, snakemake, jsonschema, datasets" 2>/dev/null; then
   ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no wheels in $WHEELS/: run make gpu-wheels where PyPI is reachable" >&2; exit 2; }
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$WHEELS"/*.whl || exit 2
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . || exit 2
 fi
 # snakemake's entry point, and `python` (the rules' interpreter) as $PYTHON where it is not
 export PATH="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
@@ -45,7 +45,7 @@ if [ "$(python -c 'import sys; print(sys.executable)' 2>/dev/null)" != "$("$PYTH
   mkdir -p .gpu-bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "$PYTHON")" > .gpu-bin/python && chmod +x .gpu-bin/python
   export PATH="$PWD/.gpu-bin:$PATH"
 fi
-"$PYTHON" -c "import torch, triton, snakemake, pydantic; print('torch', torch.__version__, 'triton', triton.__version__, \
+"$PYTHON" -c "import torch, triton, snakemake, pydantic, seqmix.kernels; print('torch', torch.__version__, 'triton', triton.__version__, \
 'snakemake', snakemake.__version__, 'cuda' if torch.cuda.is_available() else 'no GPU', \
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" || exit 2
 results=$("$PYTHON" -c "from seqmix.config import load_config; print(load_config('$HEADLINE').results_dir)") || exit 2
