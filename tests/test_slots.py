@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -46,12 +45,13 @@ def test_a_job_runs_pinned_and_holds_its_slot_until_it_ends_however_it_ends(tmp_
             "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['SEQMIX_GPU_SLOT'])"]
     env = slot_env(tmp_path, SEQMIX_GPUS="a,b")
     assert subprocess.run(show, env=env, capture_output=True, text=True).stdout.split() == ["a", "a/0"]
-    sleeper = subprocess.Popen([sys.executable, "-m", "seqmix.slots", "sleep", "60"], env=env)
+    # A job that says which slot it holds, then sleeps on in it (exec keeps the lock).
+    sleeper = subprocess.Popen([sys.executable, "-m", "seqmix.slots", "sh", "-c", 'echo "$SEQMIX_GPU_SLOT"; exec sleep 60'],
+                               env=env, stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while subprocess.run(show, env=env, capture_output=True, text=True).stdout.split() != ["b", "b/0"]:
-            assert time.monotonic() < deadline, "the sleeping job never held slot a/0"
-            time.sleep(0.2)
+        held = sleeper.stdout.readline().strip()
+        assert held == "a/0"
+        assert subprocess.run(show, env=env, capture_output=True, text=True).stdout.split() == ["b", "b/0"]
     finally:
         sleeper.kill()  # killed, not ended: its slot is free all the same
         sleeper.wait()
