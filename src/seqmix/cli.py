@@ -24,6 +24,8 @@ from seqmix.sections import MIRROR_ENV
 REFERENCE_ENV = "SEQMIX_REFERENCE_MIXERS"  # 1: plain PyTorch mixers everywhere (dispatch setting "reference")
 SYSTEM_MALLOC_ENV = "SEQMIX_SYSTEM_MALLOC"  # 1: glibc's malloc defaults (seqmix.allocator not applied)
 INTERPRET_ENV = "TRITON_INTERPRET"  # set to 1 by `bench kernels` on a machine without a GPU
+COMMIT_ENV = "SEQMIX_GIT_COMMIT"  # the commit a copy of the checkout without .git came from (provenance)
+# seqmix.slots.SLOT_ENV, SEQMIX_GPU_SLOT: the GPU slot a training or evaluation job holds (provenance)
 # MIRROR_ENV, SEQMIX_DATA_MIRROR: the raw-data mirror when data.mirror is null, given to data jobs
 
 
@@ -40,6 +42,10 @@ def read_environment(args) -> None:
 
     keep_freed_memory_unless_asked()  # every step's large tensors reuse memory instead of page-faulting
     dispatch.configure("reference" if os.environ.get(REFERENCE_ENV) == "1" else "auto")
+    from seqmix.slots import SLOT_ENV
+    from seqmix.train import provenance
+
+    provenance.configure(gpu_slot=os.environ.get(SLOT_ENV), commit=os.environ.get(COMMIT_ENV))
     if args.command == "bench" and args.what in ("kernels", "gpu-check"):
         import torch
 
