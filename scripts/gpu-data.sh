@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make gpu-data`: what the headline study reads, for a GPU machine that has no ../shared and
+# `make gpu-data`: what the headline study reads, for a GPU machine that has no data mirror and
 # no registry. Into .gpu-data/ (git-ignored), WikiText-2 raw from the data mirror in its
 # layout (wikitext-2-raw/ and those files' SHA256SUMS lines), 13 MB; into
 # data/paper-headline/ (the study's data.dir), the WordPiece tokenizer trained on it and the
@@ -8,7 +8,7 @@
 # .gpu-data/. Both folders travel with the checkout: name them in the device call's carry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MIRROR=${SEQMIX_DATA_MIRROR:-../shared/data}
+MIRROR=${SEQMIX_DATA_MIRROR:-}  # the Makefile sets it (README, The data mirror)
 CONFIG=${HEADLINE:-config/paper-headline.yaml}
 if [ ! -f "$MIRROR/wikitext-2-raw/train.txt" ]; then
   echo "gpu-data: no WikiText-2 in the data mirror $MIRROR: set SEQMIX_DATA_MIRROR (README, The data mirror)" >&2

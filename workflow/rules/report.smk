@@ -78,6 +78,12 @@ rule latest_report:
         of=lambda w, input: input[0],
     log:
         log_file("latest_report"),
+    benchmark:
+        benchmark_file("latest_report")
+    # A file copy: fixed sizes, not the config's (no study needs to size it).
+    resources:
+        mem_mb=100,
+        runtime=1,
     conda:
         "../../envs/seqmix.yaml"
     shell:
