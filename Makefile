@@ -16,18 +16,31 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MEM_MB ?= $(shell awk '/MemTotal/ {printf "%d", $$2 * 0.9 / 1024}' /proc/meminfo 2>/dev/null || echo 8000)
 # Extra Snakemake options, e.g. `make paper-smoke SNAKEMAKE_ARGS="--prioritize sparsity"`.
 SNAKEMAKE_ARGS ?=
-SNAKEMAKE := snakemake --profile workflow/profiles/default --cores $(CORES) --resources mem_mb=$(MEM_MB) $(SNAKEMAKE_ARGS)
+# GPU slots (seqmix/slots.py): each training and evaluation job holds one, pinned to one of
+# the machine's GPUs (CUDA_VISIBLE_DEVICES), SLOTS_PER_GPU jobs at once on each. 6 is
+# provisional, not measured yet: scripts/gpu-headline.sh measures one run alone against six
+# together on a GPU (packing.csv) and says what the default should be. No GPU: no limit.
+SLOTS_PER_GPU ?= 6
+GPU_COUNT ?= $(shell PYTHONPATH=$(abspath src) $(PYTHON) -m seqmix.slots --count 2>/dev/null || echo 0)
+GPU_SLOTS = $(if $(filter-out 0,$(GPU_COUNT)),gpu_slots=$(shell echo $$(( $(GPU_COUNT) * $(SLOTS_PER_GPU) ))))
+SNAKEMAKE = snakemake --profile workflow/profiles/default --cores $(CORES) --resources mem_mb=$(MEM_MB) $(GPU_SLOTS) $(SNAKEMAKE_ARGS)
+# A study's report folder (<results_dir>/report: figures, tables, report.pdf, report.html).
+report_dir = $$(python -m seqmix where report --config $(1))
 
-.PHONY: install latex report report-timings paper paper-smoke plan test test-all lint clean help gpu-check gpu-check-smoke gpu-wheels
+.PHONY: install latex report report-timings paper paper-smoke paper-headline paper-headline-smoke plan test test-all \
+	lint clean help gpu-check gpu-check-smoke gpu-wheels gpu-data
 
 help:
-	@echo "make report       build paper/report.pdf and report.html with the quick profile (2-core CPU, within an hour)"
+	@echo "make report       the quick profile's report (2-core CPU, within an hour) -> results/report/, copied to paper/report.pdf"
 	@echo "make report-timings  put the last make report's job times (commit, machine) in the README"
-	@echo "make paper        build it with config/paper.yaml (GPU)"
+	@echo "make paper        the paper profile's (config/paper.yaml, GPU) -> results/paper/report/, copied to paper/report.pdf"
 	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU, see README)"
+	@echo "make paper-headline  the headline study's runs and evaluations on a GPU, then recorded (<= 9 min on an H100)"
+	@echo "make paper-headline-smoke  the same at its exact shapes, steps cut, jobs packed on one fake GPU (CPU)"
 	@echo "make plan         what config/paper.yaml costs (runs, tokens, FLOPs, memory, H100 hours) -> README"
 	@echo "make gpu-check    on a GPU: kernels, kernel bench, step times, a training run -> results/bench/<gpu>/ (<= 8 min)"
-	@echo "make gpu-wheels   the wheels gpu-check installs on a GPU machine without a package registry (.gpu-wheels/)"
+	@echo "make gpu-wheels   the wheels a GPU machine without a package registry installs (.gpu-wheels/)"
+	@echo "make gpu-data     WikiText-2 and the headline study's prepared data for a GPU machine (.gpu-data/, data/paper-headline/)"
 	@echo "make test         run the test suite"
 	@echo "make kernels-compile-check  compile every Triton kernel for sm_80/sm_90 with Triton 3.6.0 (no GPU)"
 	@echo "make lint         ruff check and snakemake --lint"
@@ -51,7 +64,7 @@ latex:
 
 report: install latex
 	$(SNAKEMAKE)
-	snakemake --cores $(CORES) --report paper/report.html
+	snakemake --cores $(CORES) --report "$(call report_dir,config/config.yaml)/report.html"
 	python -m seqmix benchmarks results/benchmarks --out results/benchmarks.csv --markdown results/benchmarks.md
 
 # The README's measured times of the default study: its job times per rule, from the last
@@ -61,15 +74,29 @@ report-timings: install
 
 paper: install latex
 	$(SNAKEMAKE) --configfile config/paper.yaml
-	snakemake --cores $(CORES) --report paper/report.html --configfile config/paper.yaml
+	snakemake --cores $(CORES) --report "$(call report_dir,config/paper.yaml)/report.html" --configfile config/paper.yaml
 
-# config/paper-smoke.yaml = config/paper.yaml plus its listed cuts. The report it builds is
-# copied to results/paper-smoke/ with each job's time and peak memory (benchmarks.md).
+# config/paper-smoke.yaml = config/paper.yaml plus its listed cuts: its report is built in
+# results/paper-smoke/report/, each job's time and peak memory in results/paper-smoke/benchmarks.md.
 paper-smoke: install latex
 	$(SNAKEMAKE) --configfile config/paper-smoke.yaml
-	cp paper/report.pdf results/paper-smoke/report.pdf
 	python -m seqmix benchmarks results/paper-smoke/benchmarks --out results/paper-smoke/benchmarks.csv \
 		--markdown results/paper-smoke/benchmarks.md --readme README.md
+
+# The headline study (config/paper-headline.yaml): every run and its evaluation through the
+# DAG (target `runs`: no analysis, notebook or LaTeX), several jobs at once on each GPU with
+# JOB_THREADS CPU threads each, then recorded under results/recorded/ (python -m seqmix
+# record). No `install`: on a bare GPU image scripts/gpu-headline.sh brings the packages.
+HEADLINE ?= config/paper-headline.yaml
+JOB_THREADS ?= 2
+paper-headline:
+	$(SNAKEMAKE) --configfile $(HEADLINE) --set-threads train=$(JOB_THREADS) eval=$(JOB_THREADS) -- runs
+	python -m seqmix record --config $(HEADLINE)
+
+# The same on a CPU (config/paper-headline-smoke.yaml: the exact shapes, steps cut), its jobs
+# packed on one fake GPU (SEQMIX_GPUS), one thread each.
+paper-headline-smoke: install
+	SEQMIX_GPUS=fake0 $(MAKE) paper-headline HEADLINE=config/paper-headline-smoke.yaml JOB_THREADS=1
 
 plan: install
 	python -m seqmix plan --config config/paper.yaml --no-local-checks --out results/paper/plan.csv --readme README.md
@@ -85,6 +112,9 @@ gpu-check-smoke: install
 gpu-wheels:
 	PYTHON=$(PYTHON) bash scripts/gpu-wheels.sh
 
+gpu-data: install
+	bash scripts/gpu-data.sh
+
 test: install latex
 	python -m pytest
 
@@ -96,7 +126,7 @@ lint: install
 	snakemake --lint
 
 clean:
-	rm -rf results/runs results/analysis results/summary results/notebooks results/logs paper/figures paper/tables paper/report.pdf paper/report.html
+	rm -rf results/runs results/analysis results/summary results/notebooks results/logs results/report paper/report.pdf
 
 # `make kernels-compile`: every Triton kernel compiled for sm_80 and sm_90 at every launch of both
 # profiles, `bench kernels` and the kernel tests, with the pinned Triton (no GPU needed; the

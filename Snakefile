@@ -51,4 +51,5 @@ rule all:
     default_target: True
     localrule: True
     input:
-        "paper/report.pdf",
+        f"{REPORT}/report.pdf",
+        "paper/report.pdf",  # a copy of it (rule latest_report)

@@ -44,6 +44,7 @@ from seqmix.kernels._common import (
     next_pow2,
     sm_count,
 )
+from torch._subclasses.fake_tensor import FakeTensor
 
 # ---------------------------------------------------------------------------------------
 # Kernels. Tokens are flattened: n = b·L + t over N = B·L rows; z, c, w, y are (N, R).
@@ -253,17 +254,35 @@ def _bwd_dw_kernel(
 # ---------------------------------------------------------------------------------------
 
 _PAIR_CACHE: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+_OFFSET_CACHE: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
 _TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def _cached(cache: dict, key, make):
+    """``cache[key]``, made by ``make()`` the first time. Small index tensors live on the
+    device once: a copy from the host while a CUDA graph is being captured (a compiled step's
+    first replayed call) is not allowed, so the step's eager first call fills the cache.
+    Fake tensors (compile tracing, the compile check's recording) are never kept."""
+    if key not in cache:
+        made = make()
+        if any(isinstance(t, FakeTensor) for t in (made if isinstance(made, tuple) else (made,))):
+            return made
+        cache[key] = made
+    return cache[key]
 
 
 def _pairs(r: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(i, j), i < j, row-major: the reference's ``pair_indices`` as int32 on ``device``."""
-    key = (r, str(device))
-    if key not in _PAIR_CACHE:
+    def make():
         iu = torch.triu_indices(r, r, offset=1)
-        _PAIR_CACHE[key] = (iu[0].to(device, torch.int32).contiguous(),
-                            iu[1].to(device, torch.int32).contiguous())
-    return _PAIR_CACHE[key]
+        return iu[0].to(device, torch.int32).contiguous(), iu[1].to(device, torch.int32).contiguous()
+    return _cached(_PAIR_CACHE, (r, str(device)), make)
+
+
+def _offsets(offsets: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The offsets as an int32 tensor on ``device``."""
+    return _cached(_OFFSET_CACHE, (offsets, str(device)),
+                   lambda: torch.tensor(offsets, dtype=torch.int32, device=device))
 
 
 def _blocks(D: int, R_PAD: int) -> dict[str, int]:
@@ -317,88 +336,129 @@ def _check(z, weight, bias, offsets):
         )
 
 
-class GrassmannMix(torch.autograd.Function):
-    """autograd.Function for the fused forward and backward (see the module docstring)."""
+# The forward and the backward are ``torch.library`` custom ops with their fake (shape) impls
+# and autograd registered, so that torch.compile (``train.compile``) traces one opaque node
+# each, with no graph break, and a CUDA graph captures their launches: the compiled step
+# replays them with the rest of the step.
 
-    @staticmethod
-    def forward(ctx, z, weight, bias, offsets, normalize, eps):
-        B, L, r = z.shape
-        D, C = weight.shape
-        dev = check_same_device(_fwd_kernel, z, weight, bias)
-        N, M = B * L, len(offsets)
-        R_PAD = next_pow2(r, 4)
-        blk = _blocks(D, R_PAD)
-        cdt = compute_dtype(z)
-        z = z.contiguous()
-        off = torch.tensor(offsets, dtype=torch.int32, device=dev)
-        pi, pj = _pairs(r, dev)
 
-        s = torch.empty(N, M, device=dev, dtype=torch.float32)
-        rn = torch.empty_like(s)
-        c = torch.empty(N, r, device=dev, dtype=torch.float32)
-        _prep_kernel[(triton.cdiv(N, blk["n"]),)](
-            z, off, s, rn, c, N, L, M, float(eps),
-            R=r, R_PAD=R_PAD, NORMALIZE=bool(normalize), BLOCK_N=blk["n"], num_warps=blk["warps"],
+@torch.library.custom_op("seqmix::grassmann_fwd", mutates_args=())
+def _forward(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, offsets: list[int],
+             normalize: bool, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """g (B, L, D) in z's dtype, and what the backward reads: c (N, r), s and rn (N, M), fp32."""
+    B, L, r = z.shape
+    D, C = weight.shape
+    dev = check_same_device(_fwd_kernel, z, weight, bias)
+    N, M = B * L, len(offsets)
+    R_PAD = next_pow2(r, 4)
+    blk = _blocks(D, R_PAD)
+    cdt = compute_dtype(z)
+    z = z.contiguous()
+    off = _offsets(tuple(offsets), dev)
+    pi, pj = _pairs(r, dev)
+
+    s = torch.empty(N, M, device=dev, dtype=torch.float32)
+    rn = torch.empty_like(s)
+    c = torch.empty(N, r, device=dev, dtype=torch.float32)
+    _prep_kernel[(triton.cdiv(N, blk["n"]),)](
+        z, off, s, rn, c, N, L, M, float(eps),
+        R=r, R_PAD=R_PAD, NORMALIZE=bool(normalize), BLOCK_N=blk["n"], num_warps=blk["warps"],
+    )
+    w_dot = weight.to(cdt).contiguous()
+    g = torch.empty(B, L, D, device=dev, dtype=z.dtype)
+    grid = (triton.cdiv(N, blk["n"]), triton.cdiv(D, blk["d"]))
+    _fwd_kernel[grid](
+        z, c, pi, pj, w_dot, bias if bias is not None else w_dot, g,
+        N, L, D, C, min(offsets),
+        R=r, HAS_BIAS=bias is not None, PRECISION=dot_precision(cdt),
+        BLOCK_N=blk["n"], BLOCK_D=blk["d"], BLOCK_C=blk["c"], num_warps=blk["warps"],
+    )
+    return g, c, s, rn
+
+
+@_forward.register_fake
+def _(z, weight, bias, offsets, normalize, eps):
+    B, L, r = z.shape
+    f32 = torch.float32
+    return (z.new_empty(B, L, weight.shape[0]), z.new_empty(B * L, r, dtype=f32),
+            z.new_empty(B * L, len(offsets), dtype=f32), z.new_empty(B * L, len(offsets), dtype=f32))
+
+
+@torch.library.custom_op("seqmix::grassmann_bwd", mutates_args=())
+def _backward(dg: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, c: torch.Tensor, s: torch.Tensor,
+              rn: torch.Tensor, offsets: list[int], has_bias: bool, need_dz: bool,
+              need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dz in z's dtype, dW in W's dtype, db (D,) fp32; each empty where not needed."""
+    B, L, r = z.shape
+    D, C = weight.shape
+    N, M = B * L, len(offsets)
+    dev = z.device
+    R_PAD = next_pow2(r, 4)
+    blk = _blocks(D, R_PAD)
+    cdt = compute_dtype(z)
+    prec = dot_precision(cdt)
+    z = z.contiguous()
+    dg = dg.contiguous().to(z.dtype)
+    off = _offsets(tuple(offsets), dev)
+    pi, pj = _pairs(r, dev)
+    dz, dweight, dbias = z.new_empty(0), weight.new_empty(0), weight.new_empty(0, dtype=torch.float32)
+
+    if need_dz:
+        wa = _antisymmetric_weight(weight, r, R_PAD, cdt)
+        w_buf = torch.empty(N, r, device=dev, dtype=torch.float32)
+        y_buf = torch.empty_like(w_buf)
+        _bwd_gbar_kernel[(triton.cdiv(N, blk["n_bwd"]),)](
+            dg, wa, z, c, w_buf, y_buf, N, D,
+            R=r, R_PAD=R_PAD, BI=blk["bi"], PRECISION=prec,
+            BLOCK_N=blk["n_bwd"], BLOCK_D=blk["d_bwd"], num_warps=blk["warps_bwd"],
         )
-        w_dot = weight.to(cdt).contiguous()
-        g = torch.empty(B, L, D, device=dev, dtype=z.dtype)
-        grid = (triton.cdiv(N, blk["n"]), triton.cdiv(D, blk["d"]))
-        _fwd_kernel[grid](
-            z, c, pi, pj, w_dot, bias if bias is not None else w_dot, g,
-            N, L, D, C, min(offsets),
-            R=r, HAS_BIAS=bias is not None, PRECISION=dot_precision(cdt),
-            BLOCK_N=blk["n"], BLOCK_D=blk["d"], BLOCK_C=blk["c"], num_warps=blk["warps"],
+        dz = torch.empty_like(z)
+        _bwd_dz_kernel[(triton.cdiv(N, blk["n"]),)](
+            z, w_buf, y_buf, s, rn, off, dz, N, L, M,
+            R=r, R_PAD=R_PAD, BLOCK_N=blk["n"], num_warps=blk["warps"],
         )
-        ctx.save_for_backward(z, weight, c, s, rn, off)
-        ctx.meta = (L, min(offsets), bias is not None, bias.dtype if bias is not None else None)
-        return g
 
-    @staticmethod
-    def backward(ctx, dg):
-        z, weight, c, s, rn, off = ctx.saved_tensors
-        L, delta_min, has_bias, bias_dtype = ctx.meta
-        B, _, r = z.shape
-        D, C = weight.shape
-        N, M = B * L, off.numel()
-        dev = z.device
-        R_PAD = next_pow2(r, 4)
-        blk = _blocks(D, R_PAD)
-        cdt = compute_dtype(z)
-        prec = dot_precision(cdt)
-        dg = dg.contiguous().to(z.dtype)
-        pi, pj = _pairs(r, dev)
-        dz = dweight = dbias = None
+    if need_dw:
+        bd, bc, bn = blk["d_bwd"], blk["c"], blk["n"]
+        tiles = triton.cdiv(D, bd) * triton.cdiv(C, bc)
+        split = max(1, min(triton.cdiv(N, bn), triton.cdiv(4 * sm_count(dev), tiles)))
+        dw_part = torch.empty(split, D, C, device=dev, dtype=torch.float32)
+        db_part = torch.empty(split, D, device=dev, dtype=torch.float32)
+        _bwd_dw_kernel[(triton.cdiv(D, bd), triton.cdiv(C, bc), split)](
+            z, c, pi, pj, dg, dw_part, db_part, N, L, D, C, min(offsets),
+            R=r, HAS_BIAS=has_bias, PRECISION=prec, DOT_DTYPE=_TL_DTYPE[cdt],
+            BLOCK_N=bn, BLOCK_D=bd, BLOCK_C=bc, num_warps=blk["warps"],
+        )
+        dweight = dw_part.sum(0).to(weight.dtype)
+        if has_bias:
+            dbias = db_part.sum(0)
+    return dz, dweight, dbias
 
-        if ctx.needs_input_grad[0]:
-            wa = _antisymmetric_weight(weight, r, R_PAD, cdt)
-            w_buf = torch.empty(N, r, device=dev, dtype=torch.float32)
-            y_buf = torch.empty_like(w_buf)
-            _bwd_gbar_kernel[(triton.cdiv(N, blk["n_bwd"]),)](
-                dg, wa, z, c, w_buf, y_buf, N, D,
-                R=r, R_PAD=R_PAD, BI=blk["bi"], PRECISION=prec,
-                BLOCK_N=blk["n_bwd"], BLOCK_D=blk["d_bwd"], num_warps=blk["warps_bwd"],
-            )
-            dz = torch.empty_like(z)
-            _bwd_dz_kernel[(triton.cdiv(N, blk["n"]),)](
-                z, w_buf, y_buf, s, rn, off, dz, N, L, M,
-                R=r, R_PAD=R_PAD, BLOCK_N=blk["n"], num_warps=blk["warps"],
-            )
 
-        if ctx.needs_input_grad[1] or (has_bias and ctx.needs_input_grad[2]):
-            bd, bc, bn = blk["d_bwd"], blk["c"], blk["n"]
-            tiles = triton.cdiv(D, bd) * triton.cdiv(C, bc)
-            split = max(1, min(triton.cdiv(N, bn), triton.cdiv(4 * sm_count(dev), tiles)))
-            dw_part = torch.empty(split, D, C, device=dev, dtype=torch.float32)
-            db_part = torch.empty(split, D, device=dev, dtype=torch.float32)
-            _bwd_dw_kernel[(triton.cdiv(D, bd), triton.cdiv(C, bc), split)](
-                z, c, pi, pj, dg, dw_part, db_part, N, L, D, C, delta_min,
-                R=r, HAS_BIAS=has_bias, PRECISION=prec, DOT_DTYPE=_TL_DTYPE[cdt],
-                BLOCK_N=bn, BLOCK_D=bd, BLOCK_C=bc, num_warps=blk["warps"],
-            )
-            dweight = dw_part.sum(0).to(weight.dtype)
-            if has_bias:
-                dbias = db_part.sum(0).to(bias_dtype)
-        return dz, dweight, dbias, None, None, None
+@_backward.register_fake
+def _(dg, z, weight, c, s, rn, offsets, has_bias, need_dz, need_dw):
+    D = weight.shape[0]
+    return (z.new_empty(z.shape if need_dz else (0,)), weight.new_empty(weight.shape if need_dw else (0,)),
+            weight.new_empty((D,) if need_dw and has_bias else (0,), dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    z, weight, bias, offsets, _normalize, _eps = inputs
+    _g, c, s, rn = output
+    ctx.save_for_backward(z, weight, c, s, rn)
+    ctx.offsets, ctx.bias_dtype = offsets, None if bias is None else bias.dtype
+
+
+def _autograd_backward(ctx, dg, _dc, _ds, _drn):
+    z, weight, c, s, rn = ctx.saved_tensors
+    has_bias = ctx.bias_dtype is not None
+    need_dz, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] or (has_bias and ctx.needs_input_grad[2])
+    dz, dweight, dbias = _backward(dg, z, weight, c, s, rn, ctx.offsets, has_bias, need_dz, need_dw)
+    return (dz if need_dz else None, dweight if need_dw else None,
+            dbias.to(ctx.bias_dtype) if need_dw and has_bias else None, None, None, None)
+
+
+_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
 def grassmann_mix(
@@ -414,6 +474,6 @@ def grassmann_mix(
     z: (B, L, r); weight: (d, r(r-1)/2); bias: (d,) or None; offsets: positive ints
     (duplicates count twice, offsets ≥ L are never valid). Returns g: (B, L, d) in z's dtype.
     """
-    offsets = tuple(int(o) for o in offsets)
+    offsets = [int(o) for o in offsets]
     _check(z, weight, bias, offsets)
-    return GrassmannMix.apply(z, weight, bias, offsets, bool(normalize), float(eps))
+    return _forward(z, weight, bias, offsets, bool(normalize), float(eps))[0]

@@ -189,7 +189,8 @@ STACK = [
     ("seqmix.mixers", 3),
     ("seqmix.kernels", 2),
     ("seqmix.sections", 1), ("seqmix.spec", 1), ("seqmix.sweep", 1),
-    ("seqmix.catalogue", 0), ("seqmix.io", 0), ("seqmix.errors", 0), ("seqmix.allocator", 0), ("seqmix", 0),
+    ("seqmix.catalogue", 0), ("seqmix.io", 0), ("seqmix.errors", 0), ("seqmix.allocator", 0), ("seqmix.slots", 0),
+    ("seqmix", 0),
 ]
 # Known imports up the stack, each with the change that removes it.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}

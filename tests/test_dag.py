@@ -27,7 +27,7 @@ def copy_workflow(dst: Path) -> Path:
     """The workflow sources (not results) in a scratch copy, so tests can touch them."""
     dst.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("Snakefile", "workflow", "notebooks", "src", "config", "envs", "requirements.txt"):
+    for name in ("Snakefile", "workflow", "notebooks", "src", "kernels", "config", "envs", "requirements.txt"):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=ignore)
@@ -84,18 +84,19 @@ def run_results(work: Path, row) -> tuple[dict, dict]:
 
 def test_the_dag_builds_a_report_from_this_runs_results(full_run):
     src, work = full_run
-    pdf = work / "paper" / "report.pdf"
+    pdf = work / "results" / "report" / "report.pdf"  # the study's own
     assert pdf.exists() and pdf.stat().st_size > 10_000
+    assert (work / "paper" / "report.pdf").read_bytes() == pdf.read_bytes()  # and its copy
     text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True).stdout
     runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
     assert len(runs_csv) == 3 * 2  # 3 tasks x 2 archs x 1 seed
     # The quality table prints this run's parameter counts.
     assert all(f"{p:,}" in text for p in runs_csv.params)
-    assert "undefined" not in (work / "paper" / "report.log").read_text(errors="replace").lower()
+    assert "undefined" not in (work / "results" / "report" / "report.log").read_text(errors="replace").lower()
     # Generated LaTeX spells math symbols as LaTeX, not as Unicode pdflatex cannot set.
     from seqmix.report.latex import UNICODE
 
-    tables = sorted((work / "paper" / "tables").glob("*.tex"))
+    tables = sorted((work / "results" / "report" / "tables").glob("*.tex"))
     assert len(tables) == sum(len(nb["tables"]) for nb in notebook_outputs().values())
     for tex in tables:
         assert not set(tex.read_text()) & set(UNICODE), tex
@@ -124,7 +125,7 @@ def test_the_reports_numbers_are_the_runs_numbers(full_run):
     from seqmix.report.latex import macro_name
 
     _, work = full_run
-    macros = read_macros(work / "paper" / "tables" / "quality-macros.tex")
+    macros = read_macros(work / "results" / "report" / "tables" / "quality-macros.tex")
     runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
     for row in runs_csv.itertuples():
         metrics, ev = run_results(work, row)
@@ -140,7 +141,7 @@ def test_the_claims_table_is_the_evaluator_on_this_runs_results(full_run):
 
     src, work = full_run
     claims_file = src / "paper" / "claims.yaml"
-    macros = read_macros(work / "paper" / "tables" / "claims-macros.tex")
+    macros = read_macros(work / "results" / "report" / "tables" / "claims-macros.tex")
     claims = evaluate_claims(claims_file, work / "results")
     assert macros["clNumClaims"] == str(len(claims)) == str(len(load_claims(claims_file)))
     for r in claims.itertuples():
@@ -166,13 +167,13 @@ def notebook_outputs() -> dict:
 
 def test_the_html_report_shows_every_figure_of_the_run(full_run):
     src, work = full_run
-    html = work / "paper" / "report.html"
+    html = work / "results" / "report" / "report.html"
     snakemake(src, work, "--report", str(html), "--configfile", str(work / "tiny.yaml"))
     text = html.read_text(errors="replace")
     figures = [f"{f}.pdf" for nb in notebook_outputs().values() for f in nb["figures"]]
     assert figures, "outputs.yaml lists no figure?"
     for name in figures:
-        assert (work / "paper" / "figures" / name).exists(), f"{name} was not produced"
+        assert (work / "results" / "report" / "figures" / name).exists(), f"{name} was not produced"
         assert name in text, f"{name} missing from the HTML report"
     assert "report.pdf" in text
 
@@ -199,7 +200,8 @@ def rerun_because(proc: subprocess.CompletedProcess, reason: str) -> set[str]:
 
 
 # What reads every run: runs.csv, the notebooks on it or on every run's files, the report.
-READ_EVERY_RUN = {"collect": 1, "notebook_quality": 1, "notebook_recall": 1, "notebook_claims": 1, "report": 1, "all": 1}
+READ_EVERY_RUN = {"collect": 1, "notebook_quality": 1, "notebook_recall": 1, "notebook_claims": 1, "report": 1,
+                  "latest_report": 1, "all": 1}
 
 
 def test_adding_a_task_to_a_finished_study_runs_that_task_and_what_reads_every_run(full_run):
@@ -252,10 +254,38 @@ def test_editing_a_notebook_reruns_only_that_notebook(full_run):
     content = json.loads(nb.read_text())
     content["metadata"]["edited_by_test"] = True
     nb.write_text(json.dumps(content))
-    one = snakemake(src, work, "-n", "paper/figures/complexity_time.pdf", "--configfile", str(work / "tiny.yaml"))
+    one = snakemake(src, work, "-n", "results/report/figures/complexity_time.pdf", "--configfile", str(work / "tiny.yaml"))
     assert planned_jobs(one) == {"notebook_complexity": 1}
     everything = snakemake(src, work, "-n", "--configfile", str(work / "tiny.yaml"))
-    assert planned_jobs(everything) == {"notebook_complexity": 1, "report": 1, "all": 1}
+    assert planned_jobs(everything) == {"notebook_complexity": 1, "report": 1, "latest_report": 1, "all": 1}
+
+
+def test_a_committed_recording_reruns_the_notebooks_that_read_it_and_they_report_it(full_run):
+    # This study, recorded into the scratch repository with its config at the headline
+    # study's path (seqmix.report.recorded.HEADLINE_CONFIG): the recording is read by the
+    # quality and claims notebooks alone, so committing it reruns those and the report; run,
+    # they decide the gap claim on it, naming where it came from, and draw its curves.
+    from seqmix import REPO_ROOT
+    from seqmix.report.latex import escape
+    from seqmix.report.recorded import HEADLINE_CONFIG
+
+    src, work = full_run
+    before = dry_run_jobs(src, work, work / "tiny.yaml")
+    shutil.copy2(work / "tiny.yaml", src / HEADLINE_CONFIG.relative_to(REPO_ROOT))
+    env = {**os.environ, "PYTHONPATH": str(src / "src")}
+    subprocess.run([sys.executable, "-m", "seqmix", "record", "--config", "tiny.yaml", "--out",
+                    str(src / "results" / "recorded")], cwd=work, env=env, check=True, capture_output=True)
+    after = dry_run_jobs(src, work, work / "tiny.yaml")
+    assert after == {**before, "notebook_quality": 1, "notebook_claims": 1, "report": 1, "latest_report": 1, "all": 1}
+    report = work / "results" / "report"
+    snakemake(src, work, "results/report/tables/claims.tex", "results/report/tables/quality-macros.tex",
+              "results/report/figures/quality_recorded.pdf", "--configfile", str(work / "tiny.yaml"))
+    (meta,) = [json.loads(p.read_text()) for p in (src / "results" / "recorded").glob("*/*/meta.json")]
+    where = escape(f"recorded on {meta['device']}, {meta['date']}, commit ")  # (this scratch copy has no git)
+    assert where in (report / "tables" / "claims.tex").read_text()
+    recorded = read_macros(report / "tables" / "quality-macros.tex")["qRecorded"]
+    assert recorded.startswith(escape("recorded study test/")) and "refused" not in recorded
+    assert (report / "figures" / "quality_recorded.pdf").stat().st_size > 5_000
 
 
 def implied_runs(raw: dict) -> int:

@@ -199,7 +199,10 @@ def test_provenance_records_the_setting_and_the_paths_a_run_took(prepared_mqar, 
 # hands the environment to the `jobs` command it runs).
 # ------------------------------------------------------------------------------------------
 
-CLI_BOUNDARY = {"src/seqmix/cli.py", "src/seqmix/dag.py"}
+CLI_BOUNDARY = {"src/seqmix/cli.py", "src/seqmix/dag.py",
+                # a command line of its own, run by the rules before `python -m seqmix`: the GPUs
+                # it spreads jobs over are the environment's (CUDA_VISIBLE_DEVICES)
+                "src/seqmix/slots.py"}
 ENV_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 
 

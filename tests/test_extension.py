@@ -143,7 +143,7 @@ def test_the_readmes_test_command_passes_on_the_new_mixer(extended):
 
 
 def report_text(work: Path) -> str:
-    return subprocess.run(["pdftotext", str(work / "paper" / "report.pdf"), "-"], capture_output=True,
+    return subprocess.run(["pdftotext", str(work / "results" / "report" / "report.pdf"), "-"], capture_output=True,
                           text=True, check=True).stdout
 
 

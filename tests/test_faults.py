@@ -1001,7 +1001,7 @@ def test_hostile_paths_run_the_dag_and_inject_nothing(hostile_dag):
     results, data = Path(cfg["results_dir"]), Path(cfg["data"]["dir"])
     assert (results / "runs" / "mqar" / "grassmann" / "seed0" / "eval.json").exists()
     assert (data / "mqar" / "manifest.json").exists()
-    assert (work / "paper" / "report.pdf").stat().st_size > 10_000
+    assert (results / "report" / "report.pdf").stat().st_size > 10_000
 
 
 def test_a_task_whose_every_run_diverged_is_reported_as_such(hostile_dag):
@@ -1010,7 +1010,7 @@ def test_a_task_whose_every_run_diverged_is_reported_as_such(hostile_dag):
     runs = list(csv.DictReader(open(Path(cfg["results_dir"]) / "summary" / "runs.csv")))
     diverged = [r for r in runs if r["task"] == "mqar/diverge"]
     assert len(diverged) == 2 and all(r["status"] == "diverged" and int(r["diverged_at_step"]) < 3 for r in diverged)
-    text = " ".join(run_cmd(["pdftotext", str(work / "paper" / "report.pdf"), "-"]).stdout.split())
+    text = " ".join(run_cmd(["pdftotext", str(Path(cfg["results_dir"]) / "report" / "report.pdf"), "-"]).stdout.split())
     assert "every run of MQAR diverge diverged, so it has no quality result" in text  # abstract and table note
     assert "(not evaluated: every run diverged)" in text  # the setup table
     # The abstract names this study's architectures (not "ten alternatives").

@@ -144,6 +144,70 @@ def test_grassmann_paper_rank():
           lambda z, W, b: grassmann_mix_reference(z, W, b, offs), [z, W, b], ["z", "W", "b"])
 
 
+@pytest.mark.parametrize("B,L,r,d,offsets,bias", [(1, 19, 4, 16, (1, 2, 2, 30), True), (1, 1, 4, 16, (1,), False)])
+def test_the_grassmann_ops_pass_torch_library_opcheck(B, L, r, d, offsets, bias):
+    """The forward and backward custom ops: schema, fake (shape) impls, autograd registration
+    and AOT dispatch, as torch.compile uses them (torch.library.opcheck), at a ragged L with a
+    duplicated offset and one ≥ L, and at L = 1 without bias."""
+    gm = _kernel_module("grassmann")
+    g = torch.Generator().manual_seed(B * L)
+    z = torch.randn(B, L, r, generator=g).requires_grad_()
+    W = (torch.randn(d, r * (r - 1) // 2, generator=g) / r).requires_grad_()
+    b = torch.randn(d, generator=g).requires_grad_() if bias else None
+    torch.library.opcheck(gm._forward, (z, W, b, list(offsets), True, 1e-6))
+    _, c, s_, rn = gm._forward(z, W, b, list(offsets), True, 1e-6)
+    dg = torch.randn(B, L, d, generator=g)
+    for need_dz, need_dw in ((True, True), (False, True)):
+        torch.library.opcheck(gm._backward, (dg, z.detach(), W.detach(), c.detach(), s_.detach(), rn.detach(),
+                                             list(offsets), bias, need_dz, need_dw))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_a_compiled_step_traces_the_grassmann_kernel_without_a_graph_break(backend):
+    """A Grassmann LM's loss under torch.compile(fullgraph=True): the kernel's forward custom
+    op is a node of the one graph (fullgraph raises at any break; an opaque call would be
+    one), and the compiled loss and every gradient equal the eager kernel's, which equal the
+    reference's (the tests above). aot_eager traces the backward through the op's autograd
+    and fake registrations as ``train.compile`` does, without inductor's C++ compile (about
+    a minute on a cold CI machine); the slow variant runs inductor itself. On a GPU the graph
+    is also captured as a CUDA graph (mode reduce-overhead): only a GPU can show that."""
+    from torch._dynamo.utils import counters
+
+    from seqmix.mixers import dispatch
+    from seqmix.models.lm import CausalLM, LMConfig
+
+    _kernel_module("grassmann")
+    torch.manual_seed(0)
+    cfg = LMConfig(arch="grassmann", vocab_size=37, max_len=24, d_model=16, n_layers=2, dropout=0.0,
+                   block="post", mixer_options={"rank": 5, "offsets": (1, 2, 2, 30)})
+    model = CausalLM(cfg)
+    idx, targets = torch.randint(0, 37, (2, 19)), torch.randint(0, 37, (2, 19))
+    params = list(model.parameters())
+    traced: list[str] = []
+
+    def inspecting(gm, example_inputs):
+        traced.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    def loss_fn(idx, targets):
+        return model.loss(idx, targets, every_position=True)
+
+    with dispatch.isolated("triton") as record:
+        torch._dynamo.reset()
+        counters.clear()
+        want = loss_fn(idx, targets)  # eager: resolves the kernel path (seqmix.train.step)
+        want_grads = torch.autograd.grad(want, params)
+        got = torch.compile(loss_fn, fullgraph=True, backend=inspecting)(idx, targets)
+        got_grads = torch.autograd.grad(got, params)
+    torch._dynamo.reset()
+    assert record.taken() == {"grassmann": "triton"}
+    assert traced.count("seqmix.grassmann_fwd.default") == cfg.n_layers, sorted(set(traced))
+    assert not counters["graph_break"]
+    assert_matches(got, want, "compiled loss")
+    for i, (gc, ge) in enumerate(zip(got_grads, want_grads)):
+        assert_matches(gc, ge, f"compiled grad {i}")
+
+
 # --------------------------------------------------------------------------------------
 # Chunked GLA (Yang et al. 2024, arXiv:2312.06635)
 # --------------------------------------------------------------------------------------

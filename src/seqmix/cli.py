@@ -24,6 +24,8 @@ from seqmix.sections import MIRROR_ENV
 REFERENCE_ENV = "SEQMIX_REFERENCE_MIXERS"  # 1: plain PyTorch mixers everywhere (dispatch setting "reference")
 SYSTEM_MALLOC_ENV = "SEQMIX_SYSTEM_MALLOC"  # 1: glibc's malloc defaults (seqmix.allocator not applied)
 INTERPRET_ENV = "TRITON_INTERPRET"  # set to 1 by `bench kernels` on a machine without a GPU
+COMMIT_ENV = "SEQMIX_GIT_COMMIT"  # the commit a copy of the checkout without .git came from (provenance)
+# seqmix.slots.SLOT_ENV, SEQMIX_GPU_SLOT: the GPU slot a training or evaluation job holds (provenance)
 # MIRROR_ENV, SEQMIX_DATA_MIRROR: the raw-data mirror when data.mirror is null, given to data jobs
 
 
@@ -40,6 +42,10 @@ def read_environment(args) -> None:
 
     keep_freed_memory_unless_asked()  # every step's large tensors reuse memory instead of page-faulting
     dispatch.configure("reference" if os.environ.get(REFERENCE_ENV) == "1" else "auto")
+    from seqmix.slots import SLOT_ENV
+    from seqmix.train import provenance
+
+    provenance.configure(gpu_slot=os.environ.get(SLOT_ENV), commit=os.environ.get(COMMIT_ENV))
     if args.command == "bench" and args.what in ("kernels", "gpu-check"):
         import torch
 
@@ -119,6 +125,14 @@ def cmd_runs(args) -> int:
     study = load_config(args.config)
     for run in runs(study):
         print(run_dir(study, run))
+    return 0
+
+
+def cmd_where(args) -> int:
+    from seqmix.study import report_dir
+
+    study = load_config(args.config)
+    print({"results": study.results_dir, "report": report_dir(study)}[args.what])
     return 0
 
 
@@ -328,6 +342,15 @@ def cmd_benchmarks(args) -> int:
     return 0
 
 
+def cmd_record(args) -> int:
+    from seqmix.report.recorded import record
+
+    command = f"python -m seqmix record --config {args.config} --out {args.out}"
+    dest = record(args.config, args.out, command, args.made_by, args.commit)
+    print(f"recorded {args.config}'s runs in {dest}")
+    return 0
+
+
 def cmd_mixers(args) -> int:
     from seqmix.io import write_text
     from seqmix.plan import splice_between
@@ -454,6 +477,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add(sub, "runs", cmd_runs, "list the run directories the config trains")
 
+    sp = _add(sub, "where", cmd_where, "the study's results folder, or its report folder (figures/, tables/, "
+              "report.pdf, report.html)")
+    sp.add_argument("what", choices=["results", "report"])
+
     sp = _add(sub, "jobs", cmd_jobs, "the validated study and every job's spec as JSON, with the files read to "
               "make it (what the Snakefile builds its rules from; seqmix.dag caches it)")
     sp.add_argument("--overrides", help="config keys over the file's, as a JSON object (snakemake's --config)")
@@ -504,6 +531,14 @@ def _add_summaries(sub) -> None:
     sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--out", default="results/summary/runs.csv")
     sp.add_argument("--breakdown-out", default=None, help="default: breakdown.csv beside --out")
+
+    sp = _add(sub, "record", cmd_record, "copy a finished study's small outputs of every run (config, metrics, "
+              "evaluation, log, provenance; no weights) into <out>/<profile>/<device>-<date>/ with a meta.json, "
+              "for every report to read (committed)")
+    sp.add_argument("--out", default="results/recorded")
+    sp.add_argument("--made-by", default=None, help="the command that ran the study, for meta.json (e.g. 'make paper-headline')")
+    sp.add_argument("--commit", default=None, help="the commit the runs were made at, where their provenance has none "
+                    "(a checkout copied without .git); never overrides theirs")
 
     sp = _add(sub, "schema", cmd_schema, "the JSON schema of a config file (every task kind and mixer)", config=False)
     sp.add_argument("--out", help="write it here (workflow/schemas/config.schema.json) instead of stdout")

@@ -163,6 +163,7 @@ class Jobs:
     def __init__(self, table: dict[str, Any]):
         self.table = table
         self.results: str = table["paths"]["results"]
+        self.report: str = table["paths"]["report"]  # the study's own report folder (study.report_dir)
         self._runs = {(r["task"], r["arch"], str(r["seed"])): r for r in table["runs"]}
         self._sparsity = {(r["task"], r["arch"], str(r["seed"])): r for r in table["sparsity_runs"]}
 
@@ -275,14 +276,14 @@ class Jobs:
             for ref in nb.get("inputs", []):
                 found = self.reference(ref, f"{where}.inputs")
                 inputs += found if isinstance(found, list) else [found]
-            params = {"results_dir": self.results, "paper_dir": "paper"}
+            params = {"results_dir": self.results, "paper_dir": self.report}
             for key, ref in nb.get("params", {}).items():
                 value = self.reference(ref, f"{where}.params.{key}", param=True)
                 if isinstance(value, list):
                     raise StudyError(f"error: {where}.params.{key}: {ref!r} names several files; a parameter takes one")
                 params[key] = value
-            out[name] = Notebook(name, inputs, params, [f"paper/figures/{f}.pdf" for f in nb.get("figures", [])],
-                                 [f"paper/tables/{t}.tex" for t in nb.get("tables", [])])
+            out[name] = Notebook(name, inputs, params, [f"{self.report}/figures/{f}.pdf" for f in nb.get("figures", [])],
+                                 [f"{self.report}/tables/{t}.tex" for t in nb.get("tables", [])])
         return out
 
     def reference(self, ref: str, where: str = "notebooks/outputs.yaml", param: bool = False) -> str | list[str]:

@@ -106,6 +106,13 @@ def run_dir(study: Study, run: Run) -> Path:
     return Path(study.results_dir) / "runs" / run.task / run.arch / f"seed{run.seed}"
 
 
+def report_dir(study: Study) -> Path:
+    """Where the study's report is built: its figures/, tables/, report.pdf and report.html.
+    Under its own results_dir, so that no other study writes there (a shared folder would let
+    one study's report stand, up to date in Snakemake's eyes, for another's)."""
+    return Path(study.results_dir) / "report"
+
+
 def data_dir(study: Study, group: str) -> Path:
     return Path(study.data.dir) / group
 
@@ -306,7 +313,7 @@ def job_table(study: Study) -> dict[str, Any]:
     collect, geometry, copy_probe = collect_job(study), geometry_job(study), copy_probe_job(study)
     return {
         "study": study.model_dump(mode="json"),
-        "paths": {"results": study.results_dir, "data": str(data_dir(study, "{group}")),
+        "paths": {"results": study.results_dir, "report": str(report_dir(study)), "data": str(data_dir(study, "{group}")),
                   "tokenizer": str(tokenizer_dir(study)), "run": str(run_dir(study, Run("{task}", "{arch}", "{seed}")))},
         "resources": study.resources.model_dump(),
         "tokenizer": {"spec": tokenizer_job(study).model_dump_json()},

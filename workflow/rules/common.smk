@@ -6,6 +6,7 @@ import re
 from seqmix import catalogue
 
 RESULTS = JOBS.results
+REPORT = JOBS.report  # <results>/report: this study's figures, tables, report.pdf and report.html
 SRC = Path(workflow.basedir)  # the repository: notebooks/ and paper/ sources live here
 RUN = "{task}/{arch}/seed{seed}"  # the name of a run's log and benchmark
 NOTEBOOKS = JOBS.notebooks(SRC / "notebooks" / "outputs.yaml")

@@ -1,5 +1,7 @@
 # Report: each notebook (papermill) writes its figures and tables; latexmk builds the PDF.
-# Any figure or table is a target of its own: `snakemake --cores all paper/figures/<name>.pdf`.
+# All of it lives in the study's own folder, REPORT (<results_dir>/report), so that another
+# study's report is never taken for this one's. Any figure or table is a target of its own:
+# `snakemake --cores all results/report/figures/<name>.pdf` (the quick study's).
 # The notebooks' rules come from notebooks/outputs.yaml (NOTEBOOKS: seqmix.dag.Notebook).
 for _name, _nb in NOTEBOOKS.items():
 
@@ -38,10 +40,11 @@ rule report:
         sources=REPORT_SOURCES,
         generated=[f for nb in NOTEBOOKS.values() for f in nb.outputs],
     output:
-        report("paper/report.pdf", caption=str(SRC / "workflow" / "report" / "report.rst"), category="report"),
+        report(f"{REPORT}/report.pdf", caption=str(SRC / "workflow" / "report" / "report.rst"), category="report"),
     params:
         # The sources' folder; with // TeX searches its subfolders (sections/) too.
         texinputs=lambda w, input: str(Path(input.main).parent) + "//",
+        folder=lambda w, output: str(Path(output[0]).parent),
     log:
         log_file("report"),
     benchmark:
@@ -53,9 +56,35 @@ rule report:
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        # TEXINPUTS lets the sources in the repository find the generated figures and
-        # tables in this working directory's paper/ (the same folder in a normal run).
-        "LOG=$(realpath -m {log:q}); mkdir -p paper && cd paper && TEXINPUTS=.:{params.texinputs:q}: "
+        # Built in the study's report folder, where the notebooks wrote figures/ and tables/;
+        # TEXINPUTS lets it find the sources in the repository's paper/.
+        "LOG=$(realpath -m {log:q}); cd {params.folder:q} && TEXINPUTS=.:{params.texinputs:q}: "
         "latexmk -g -pdf -interaction=nonstopmode -halt-on-error -file-line-error -outdir=. "
         "{input.main:q} > \"$LOG\" 2>&1 "
         "&& ! grep -E 'There were undefined references|Reference .* undefined|Citation .* undefined' report.log"
+
+
+rule latest_report:
+    # paper/report.pdf: a copy of the report of the last study run to its end (rule all).
+    # The copied file's path is a parameter so that switching studies copies again even where
+    # the other study's report is older than the copy (Snakemake reruns a job whose params
+    # changed).
+    localrule: True
+    input:
+        f"{REPORT}/report.pdf",
+    output:
+        "paper/report.pdf",
+    params:
+        of=lambda w, input: input[0],
+    log:
+        log_file("latest_report"),
+    benchmark:
+        benchmark_file("latest_report")
+    # A file copy: fixed sizes, not the config's (no study needs to size it).
+    resources:
+        mem_mb=100,
+        runtime=1,
+    conda:
+        "../../envs/seqmix.yaml"
+    shell:
+        "cp {params.of:q} {output:q} > {log:q} 2>&1"

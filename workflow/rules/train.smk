@@ -1,6 +1,20 @@
 # Training: one job per (task, architecture, seed); then its evaluation on held-out splits.
 # The checkpoint (checkpoints/last.pt) is deliberately not an output: Snakemake removes
 # the outputs of a killed job, and the rerun resumes from the checkpoint.
+# Each training and evaluation job holds one GPU slot (gpu_slots=1; `make` passes
+# --resources gpu_slots=<GPUs x SLOTS_PER_GPU>): seqmix.slots pins it to one of the
+# machine's GPUs, several jobs to each; on a machine without a GPU it runs the job as is.
+
+
+# Every run of the study trained and evaluated, and nothing else (no analysis, notebook
+# or report): `make paper-headline`'s target, `snakemake runs` for any study.
+rule runs:
+    localrule: True
+    input:
+        metrics=JOBS.run_files("metrics.json"),
+        evaluations=JOBS.run_files("eval.json"),
+
+
 rule train:
     input:
         lambda w: JOBS.data_file("manifest.json", JOBS.group_of(w.task)),
@@ -18,11 +32,12 @@ rule train:
         benchmark_file("train", RUN)
     resources:
         **resources_of("train"),
+        gpu_slots=1,
     threads: train_threads
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix train --spec {params.spec:q} > {log:q} 2>&1"
+        "python -m seqmix.slots python -m seqmix train --spec {params.spec:q} > {log:q} 2>&1"
 
 
 rule eval:
@@ -39,11 +54,12 @@ rule eval:
         benchmark_file("eval", RUN)
     resources:
         **resources_of("eval"),
+        gpu_slots=1,
     threads: train_threads
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix eval --run {params.run:q} > {log:q} 2>&1"
+        "python -m seqmix.slots python -m seqmix eval --run {params.run:q} > {log:q} 2>&1"
 
 
 rule collect:

@@ -151,6 +151,14 @@ def _time(point: str, arch: str, batch: int, steps: int) -> list[float]:
 def worker(src: str) -> None:
     sys.path[:] = [src, *(p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent)]
     import seqmix
+
+    # That version's kernels/ as seqmix.kernels, loaded here for revisions whose seqmix does
+    # not yet find its checkout's kernels itself (an editable install would hand out its own).
+    kernels = Path(src).parent / "kernels"
+    spec = importlib.util.spec_from_file_location("seqmix.kernels", kernels / "__init__.py",
+                                                  submodule_search_locations=[str(kernels)])
+    sys.modules["seqmix.kernels"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["seqmix.kernels"])
     import seqmix.kernels
 
     print(json.dumps({"seqmix": seqmix.__file__, "kernels": seqmix.kernels.__file__}), flush=True)
@@ -193,12 +201,11 @@ class Worker:
 
 
 def extract(rev: str, into: Path) -> Path:
-    """The source of ``rev`` under ``into`` with kernels/ linked in as seqmix.kernels (the
-    package's mapping); returns its src/."""
+    """The source of ``rev`` under ``into`` (its seqmix imports its own kernels/: seqmix's
+    checkout finder); returns its src/."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "src", "kernels", "config"],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    (into / "src" / "seqmix" / "kernels").symlink_to(into / "kernels")
     return into / "src"
 
 

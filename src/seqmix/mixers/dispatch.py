@@ -6,8 +6,11 @@ reference, with one ``KernelFallbackWarning``, when a fast path fails (``call``)
 
 Under ``torch.compile`` (``train.compile``) a call takes the path an eager call of the same
 name, setting and device took before it (the compiled step's first step runs eagerly,
-``seqmix.train.step``): the reference is traced, a fast path runs as an opaque call
-(``torch.compiler.disable``), so the compiler never traces the fallback's try/except.
+``seqmix.train.step``): the reference is traced; a fast path whose kernels are
+``torch.library`` custom ops with fake and autograd registrations (``compilable``) is traced
+too, as one node per op, so the graph has no break and a CUDA graph replays its launches;
+any other fast path runs as an opaque call (``torch.compiler.disable``, a graph break). The
+compiler never traces the fallback's try/except.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class FastPath:
     kind: FastKind
     fn: Callable[..., torch.Tensor]
     available: Callable[[], bool]
+    compilable: bool = False  # torch.compile may trace ``fn`` (custom ops inside): no graph break
 
 
 @functools.cache
@@ -53,9 +57,11 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def triton_path(fn: Callable[..., torch.Tensor]) -> FastPath:
-    """A Triton kernel: used for CUDA tensors (every tensor under the ``triton`` setting)."""
-    return FastPath("triton", fn, triton_installed)
+def triton_path(fn: Callable[..., torch.Tensor], compilable: bool = False) -> FastPath:
+    """A Triton kernel: used for CUDA tensors (every tensor under the ``triton`` setting).
+    ``compilable``: ``fn`` calls its kernels through ``torch.library`` custom ops, which
+    torch.compile traces as graph nodes (module docstring)."""
+    return FastPath("triton", fn, triton_installed, compilable)
 
 
 def fused_cpu_path(fn: Callable[..., torch.Tensor], available: Callable[[], bool]) -> FastPath:
@@ -85,8 +91,9 @@ class Record:
 _BLOCKS: list[Record] = [Record("auto")]
 _FAILED: dict[str, str] = {}
 _CHECKED: set[tuple] = set()
-# (name, setting, device type) -> the fast path an eager call took, wrapped for the compiler
-# (``torch.compiler.disable``); a name that took the reference has no entry.
+# (name, setting, device type) -> the fast path an eager call took, as the compiler calls it
+# (wrapped in ``torch.compiler.disable`` unless compilable); a name that took the reference
+# has no entry.
 _RESOLVED: dict[tuple, Callable[..., torch.Tensor]] = {}
 
 
@@ -194,7 +201,7 @@ def call(name: str, args: tuple, reference: Callable[..., torch.Tensor], *paths:
         return reference(*args)
     block.note(name, path.kind)
     if (key := (name, block.setting, x.device.type)) not in _RESOLVED:
-        _RESOLVED[key] = torch.compiler.disable(path.fn)
+        _RESOLVED[key] = path.fn if path.compilable else torch.compiler.disable(path.fn)
     return out
 
 

@@ -103,7 +103,9 @@ def _kernel_mix(*args) -> torch.Tensor:
     return grassmann_mix(*args)
 
 
-KERNEL = dispatch.triton_path(_kernel_mix)  # causal offsets only; same arguments as the collapsed form
+# Causal offsets only; same arguments as the collapsed form. Its forward and backward are
+# torch.library custom ops: a compiled training step traces them without a graph break.
+KERNEL = dispatch.triton_path(_kernel_mix, compilable=True)
 
 
 def grassmann_mix_collapsed(

@@ -61,10 +61,13 @@ class CausalLM(nn.Module):
         head (d × V, the largest matmul of a small model) runs only where it is scored."""
         return self.head(self.norm_f(self.hidden_states(idx)[-1])[positions])
 
-    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the positions with a target (targets != -100)."""
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, every_position: bool | None = None) -> torch.Tensor:
+        """Mean cross-entropy over the positions with a target (targets != -100).
+        ``every_position``: the caller knows that every position has one (language
+        modelling); None looks (a value read back from the device, which would break a
+        compiled step's graph in two)."""
         scored = targets != -100
-        if bool(scored.all()):  # language modelling: every position
+        if every_position or (every_position is None and bool(scored.all())):  # language modelling
             logits, targets = self(idx), targets
         else:  # MQAR: only the query positions reach the head
             logits, targets = self.logits_at(idx, scored), targets[scored]

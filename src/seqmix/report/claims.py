@@ -8,7 +8,8 @@ results files, with our value ± 95% CI, what it was measured on, and a verdict:
   the architecture was not run; the reason is given. Our value is still shown.
 
 Everything here reads results files (runs.csv, complexity_fit.csv, sparsity.csv,
-sparsity_analytic.csv); nothing is trained or timed.
+sparsity_analytic.csv) and, for a claim marked ``runs: recorded``, the runs recorded in the
+repository (seqmix.report.recorded); nothing is trained or timed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from seqmix.report.recorded import Recording, chosen, refusal_lines
 from seqmix.report.summary import (
     best_of_sweep,
     best_point,
@@ -68,6 +70,8 @@ def load_claims(path: str | Path) -> list[dict]:
             raise ClaimsError(f"{path}: claim {cid!r}: agree_if takes only min and max")
         if c.get("reached_by", "majority") not in REACH_RULES:
             raise ClaimsError(f"{path}: claim {cid!r}: reached_by is {c['reached_by']!r}; allowed: {', '.join(REACH_RULES)}")
+        if c.get("runs", "profile") not in ("profile", "recorded"):
+            raise ClaimsError(f"{path}: claim {cid!r}: runs is profile (default) or recorded, not {c['runs']!r}")
         if cid in seen:
             raise ClaimsError(f"{path}: claim id {cid!r} appears twice")
         seen.add(cid)
@@ -618,9 +622,39 @@ def task_in_profile(res: Results, claim: dict) -> dict:
     return {**claim, "task": next((t for t in tasks if t in ran), tasks[0])}
 
 
-def evaluate_claims(claims_path: str | Path, results_dir: str | Path) -> pd.DataFrame:
+class RecordedResults(Results):
+    """A recording's accepted runs in the place of a profile's runs.csv."""
+
+    def __init__(self, recording: Recording):
+        super().__init__(recording.path)
+        self._cache["summary/runs.csv"] = recording.runs()
+
+
+def eval_recorded(res: Results, claim: dict, recordings: list[Recording]) -> ClaimResult:
+    """A claim marked ``runs: recorded`` (its scale needs a GPU this profile may lack): decided
+    by its kind's evaluator on the newest recorded study whose runs are the headline study's
+    now (seqmix.report.recorded), the row naming the device, date and commit they came from.
+    Without one, this profile's own runs decide, as for any claim, and the row says so. Every
+    refused recorded run is named with its reason either way: nothing is left out unsaid."""
+    evaluate, pick, refused = EVALUATORS[claim["kind"]], chosen(recordings), refusal_lines(recordings)
+    if pick is None:
+        result = evaluate(res, task_in_profile(res, claim))
+        said = "; ".join(refused) if refused else "no study recorded (python -m seqmix record)"
+        return dataclasses.replace(result, why=f"{result.why} (this profile's runs: {said})")
+    rec = RecordedResults(pick)
+    result = evaluate(rec, task_in_profile(rec, claim))
+    return dataclasses.replace(result, measured_on=f"recorded on {pick.describe()} ({pick.name}): {result.measured_on}",
+                               why="; ".join([result.why, *refused]))
+
+
+def evaluate_claims(claims_path: str | Path, results_dir: str | Path,
+                    recordings: list[Recording] | None = None) -> pd.DataFrame:
+    """Every claim of ``claims_path`` on the results in ``results_dir``; ``recordings``
+    (seqmix.report.recorded.read_recordings) decide the claims marked ``runs: recorded``
+    (None: not read, this profile's runs decide every claim)."""
     res = Results(results_dir)
-    out = [EVALUATORS[c["kind"]](res, task_in_profile(res, c)) for c in load_claims(claims_path)]
+    out = [eval_recorded(res, c, recordings) if recordings is not None and c.get("runs") == "recorded"
+           else EVALUATORS[c["kind"]](res, task_in_profile(res, c)) for c in load_claims(claims_path)]
     return pd.DataFrame([dataclasses.asdict(r) for r in out])
 
 

@@ -1,16 +1,19 @@
 """The quality notebook's numbers: the quality table, the setup table (what every number was
 measured on, read from the runs themselves) and the ``q`` macros, from ``runs.csv`` (its
-summary: seqmix.report.summary) and each run's ``log.csv``, ``config.json`` and ``provenance.json``."""
+summary: seqmix.report.summary) and each run's ``log.csv``, ``config.json`` and ``provenance.json``;
+and what the recorded runs beside them are (seqmix.report.recorded)."""
 
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 
 from seqmix.catalogue import label as task_label
 from seqmix.report.latex import escape, fmt, pm, series, table
+from seqmix.report.recorded import Recording, account
 from seqmix.report.style import arch_label, metric_label, ordered
 from seqmix.report.summary import unfinished_tasks
 
@@ -115,3 +118,17 @@ def quality_macros(runs: pd.DataFrame, summ: pd.DataFrame, scope: str) -> dict[s
         macros[f"{r.task}-{r.arch}-test"] = pm(r.test_mean, r.test_ci, digits_of(r.metric))
         macros[f"{r.task}-{r.arch}-params"] = fmt(int(r.params))
     return macros
+
+
+def curves_title(runs: pd.DataFrame, task: str, whose: str) -> str:
+    """A panel title of the recorded-runs figure: whose runs, the task, their size and budget."""
+    mine = runs[runs.task == task]
+    seeds = mine.seed.nunique()
+    return (f"{textwrap.fill(whose, 60)}\n{task_label(task)}: {mine.params.min() / 1e6:.2f}M params, "
+            f"{int(mine.steps_planned.max()):,} steps, {seeds} seed{'s' if seeds != 1 else ''}")
+
+
+def recorded_macros(recordings: list[Recording], recorded_dir: str | Path) -> dict[str, str]:
+    """``qRecorded``: the recorded study the figure draws (device, date, commit) or why none,
+    and every recorded run refused with its reason (the figure's caption)."""
+    return {"recorded": escape(account(recordings, recorded_dir))}

@@ -137,7 +137,7 @@ class WikiText2(Task):
         return chunk[:, :-1].to(device), chunk[:, 1:].to(device)
 
     def loss(self, model, batch):
-        return model.loss(*batch)
+        return model.loss(*batch, every_position=True)  # contiguous text: every position has a target
 
     def progress(self, batch):
         return int(batch[0].numel())

@@ -17,16 +17,31 @@ from seqmix.mixers import dispatch
 PACKAGES = ("torch", "triton", "numpy", "datasets", "tokenizers", "snakemake", "seqmix")
 
 
+# What only the environment tells, set once per process by the CLI (seqmix.cli.read_environment):
+# the GPU slot the job holds (seqmix.slots: "<gpu>/<slot index>") and, in a copy of the
+# checkout without git's data (a GPU machine's), the commit it was made from.
+SETTINGS: dict[str, str | None] = {"gpu_slot": None, "commit": None}
+
+
+def configure(gpu_slot: str | None = None, commit: str | None = None) -> None:
+    SETTINGS.update(gpu_slot=gpu_slot or None, commit=commit or None)
+
+
 def git_commit() -> dict:
+    """The checkout's commit and whether its files differ from it; in a copy without git's
+    data, the commit ``configure`` was given (scripts/gpu-headline.sh passes the one it was
+    sent from, $SEQMIX_GIT_COMMIT) with ``dirty`` unknown (None)."""
     def run(*args):
-        return subprocess.run(
-            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
+        proc = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        return proc.stdout.strip() if proc.returncode == 0 else None
 
     try:
-        return {"commit": run("rev-parse", "HEAD") or None, "dirty": bool(run("status", "--porcelain"))}
+        commit = run("rev-parse", "HEAD")
+        if commit:
+            return {"commit": commit, "dirty": bool(run("status", "--porcelain"))}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        pass
+    return {"commit": SETTINGS["commit"], "dirty": None}
 
 
 def package_versions() -> dict:
@@ -55,7 +70,17 @@ def device_record(device: torch.device) -> dict:
         rec["gpu"] = torch.cuda.get_device_name(device)
         rec["cuda"] = torch.version.cuda
     rec["name"] = rec.get("gpu", rec["cpu"])
+    if SETTINGS["gpu_slot"]:  # the GPU slot the job held (seqmix.slots): <gpu>/<slot index>
+        rec["gpu_slot"] = SETTINGS["gpu_slot"]
     return rec
+
+
+def code_paths() -> dict:
+    """The folders seqmix and its kernels were imported from: the checkout that ran."""
+    import seqmix
+    import seqmix.kernels
+
+    return {"seqmix": str(Path(seqmix.__file__).parent), "kernels": str(Path(seqmix.kernels.__file__).parent)}
 
 
 def provenance(device: torch.device, seed: int | None = None, **extra) -> dict:
@@ -63,6 +88,7 @@ def provenance(device: torch.device, seed: int | None = None, **extra) -> dict:
     current block (a training run: ``train`` opens one), e.g. {"grassmann": "triton"}."""
     return {
         "git": git_commit(),
+        "code": code_paths(),
         "packages": package_versions(),
         "device": device_record(device),
         "implementation": dispatch.provenance(),

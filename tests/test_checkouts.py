@@ -1,0 +1,59 @@
+"""Any checkout runs its own code: two copies of the repository side by side, nothing of
+theirs installed (the venv's editable install is of another checkout, the hard case), each
+parses its DAG and trains a run from its own src/ and kernels/."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import tiny_config
+from .test_dag import copy_workflow, planned_jobs, snakemake
+
+
+@pytest.fixture(scope="module")
+def checkouts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkouts")
+    copies = {name: copy_workflow(root / name) for name in ("a", "b")}
+    # Tell the two apart by their kernels alone.
+    with open(copies["b"] / "kernels" / "__init__.py", "a") as f:
+        f.write('\nCHECKOUT_MARK = "b"\n')
+    for copy in copies.values():
+        (copy / "tiny.yaml").write_text(yaml.safe_dump(tiny_config(copy, None, archs=("softmax", "mamba"))))
+    return copies
+
+
+def in_checkout(copy: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m seqmix ...`` as a rule runs it there: PYTHONPATH=src, from the checkout."""
+    env = {**os.environ, "PYTHONPATH": str(copy / "src")}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=copy)
+
+
+def test_each_checkout_imports_its_own_seqmix_and_kernels(checkouts):
+    for name, copy in checkouts.items():
+        code = "import json, seqmix.kernels as k; print(json.dumps([k.__file__, getattr(k, 'CHECKOUT_MARK', None)]))"
+        proc = in_checkout(copy, "-c", code)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        path, mark = json.loads(proc.stdout)
+        assert Path(path).is_relative_to(copy / "kernels"), (name, path)
+        assert mark == ("b" if name == "b" else None)
+
+
+def test_each_checkout_parses_its_dag_and_trains_with_its_own_kernels(checkouts):
+    for name, copy in checkouts.items():
+        tiny = yaml.safe_load((copy / "tiny.yaml").read_text())
+        dry = planned_jobs(snakemake(copy, copy, "-n", "--configfile", str(copy / "tiny.yaml")))
+        assert dry["train"] == 2, (name, dry)
+        # A training job as the DAG runs it; Mamba's fused CPU scan is one of the kernels.
+        run = Path(tiny["results_dir"]) / "runs" / "mqar" / "mamba" / "seed0"
+        snakemake(copy, copy, str(run / "metrics.json"), "--configfile", str(copy / "tiny.yaml"))
+        provenance = json.loads((run / "provenance.json").read_text())
+        code = provenance["code"]
+        assert code == {"seqmix": str(copy / "src" / "seqmix"), "kernels": str(copy / "kernels")}, (name, code)
+        assert provenance["implementation"]["paths"].get("mamba") == "fused_cpu", provenance["implementation"]
