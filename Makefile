@@ -23,7 +23,7 @@ SNAKEMAKE_ARGS ?=
 SLOTS_PER_GPU ?= 6
 GPU_COUNT ?= $(shell PYTHONPATH=$(abspath src) $(PYTHON) -m seqmix.slots --count 2>/dev/null || echo 0)
 GPU_SLOTS = $(if $(filter-out 0,$(GPU_COUNT)),gpu_slots=$(shell echo $$(( $(GPU_COUNT) * $(SLOTS_PER_GPU) ))))
-SNAKEMAKE = snakemake --profile workflow/profiles/default --cores $(CORES) --resources mem_mb=$(MEM_MB) $(GPU_SLOTS) $(SNAKEMAKE_ARGS)
+SNAKEMAKE = snakemake --profile workflow/executors/local --cores $(CORES) --resources mem_mb=$(MEM_MB) $(GPU_SLOTS) $(SNAKEMAKE_ARGS)
 # A study's report folder (<results_dir>/report: figures, tables, report.pdf, report.html).
 report_dir = $$(python -m seqmix where report --config $(1))
 

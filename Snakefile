@@ -1,6 +1,6 @@
 # seqmix: data -> train (task x arch x seed) -> eval -> analyses -> notebooks -> report.pdf
 # Thin on purpose: one library call resolves and validates the study before any job runs
-# (seqmix.dag.load: `python -m seqmix jobs` in a subprocess, its table cached, so parsing
+# (seqmix.study.dag.load: `python -m seqmix jobs` in a subprocess, its table cached, so parsing
 # the DAG imports no torch), and every rule calls the library through `python -m seqmix ...`
 # with the spec of what that job reads (workflow/rules/*.smk).
 import sys
@@ -12,7 +12,7 @@ min_version("8.0")
 
 # The seqmix beside this Snakefile, here and in every job (a scratch copy runs its own code).
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from seqmix import dag  # noqa: E402
+from seqmix.study import dag  # noqa: E402
 
 shell.prefix(dag.shell_prefix())
 

@@ -114,7 +114,7 @@ def tiny_config(root: Path, mirror: Path | None, archs=("softmax", "grassmann"),
 def prepare_all(study) -> None:
     """Prepare the tokenizer (when a task needs it) and every task's data of ``study``."""
     from seqmix.data.tokenizer import prepare_tokenizer
-    from seqmix.study import data_job, groups, needs_tokenizer, tokenizer_job
+    from seqmix.study.table import data_job, groups, needs_tokenizer, tokenizer_job
     from seqmix.tasks import task_class
 
     if any(needs_tokenizer(study, g) for g in groups(study)):
@@ -127,11 +127,11 @@ def prepare_all(study) -> None:
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory, mirror) -> dict:
     """Tiny config (a raw mapping) with every task's data prepared once for the session."""
-    from seqmix.config import validate_config
+    from seqmix.study.load import validate_study
 
     root = tmp_path_factory.mktemp("seqmix")
     raw = tiny_config(root, mirror)
-    prepare_all(validate_config(raw))
+    prepare_all(validate_study(raw))
     return raw
 
 
@@ -139,11 +139,11 @@ def prepared(tmp_path_factory, mirror) -> dict:
 def prepared_mqar(tmp_path_factory) -> dict:
     """The tiny config's MQAR task alone, prepared: synthetic, so it needs no mirror (tests
     of training mechanics use it and run everywhere)."""
-    from seqmix.config import validate_config
+    from seqmix.study.load import validate_study
 
     root = tmp_path_factory.mktemp("seqmix-mqar")
     raw = tiny_config(root, None)
-    prepare_all(validate_config(raw))
+    prepare_all(validate_study(raw))
     return raw
 
 

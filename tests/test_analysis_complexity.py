@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from seqmix.analysis import complexity as cx
-from seqmix.sections import ComplexitySpec
+from seqmix.study.settings import ComplexitySettings
 
 
 def synthetic(k: float, lengths, repeats: int, noise: float, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -110,7 +110,7 @@ TINY = {"softmax": {"n_heads": 2}, "grassmann": {"rank": 4, "offsets": [1, 2]}}
 
 
 def test_tiny_real_measurement():
-    cfg = ComplexitySpec(lengths=[16, 8, 32], d_model=8, batch_size=1, repeats=2, warmup=1, max_seconds=60.0)
+    cfg = ComplexitySettings(lengths=[16, 8, 32], d_model=8, batch_size=1, repeats=2, warmup=1, max_seconds=60.0)
     rows = cx.run_complexity(["softmax", "grassmann"], cfg, torch.device("cpu"), TINY, progress=False)
     assert len(rows) == 2 * 3 * 2 and all(r["status"] == "ok" for r in rows)
     assert [r["seq_len"] for r in rows[:6]] == [8, 8, 16, 16, 32, 32]  # ascending
@@ -128,7 +128,7 @@ def test_tiny_real_measurement():
 
 
 def test_time_cap_stops_timing_but_not_counting(monkeypatch):
-    cfg = ComplexitySpec(lengths=[8, 16, 32], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=1e-9)
+    cfg = ComplexitySettings(lengths=[8, 16, 32], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=1e-9)
     rows = cx.run_complexity(["softmax"], cfg, torch.device("cpu"), TINY, progress=False)
     assert [(r["seq_len"], r["status"]) for r in rows] == [(8, "ok"), (16, "counted"), (32, "counted")]
     assert all(r["flops_fwdbwd"] > 0 for r in rows) and math.isnan(rows[1]["fwdbwd_ms"])
@@ -158,7 +158,7 @@ def test_a_timing_out_of_memory_leaves_the_counts(monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(cx, "time_mixer", oom)
-    cfg = ComplexitySpec(lengths=[8, 16], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=60.0)
+    cfg = ComplexitySettings(lengths=[8, 16], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=60.0)
     rows = cx.run_complexity(["softmax"], cfg, torch.device("cpu"), TINY, progress=False)
     assert [(r["seq_len"], r["status"]) for r in rows] == [(8, "counted"), (16, "counted")]
 
@@ -174,7 +174,7 @@ def test_auto_counts_fake_until_the_ops_grow_like_a_chunk_loop():
 
 
 def test_auto_switches_a_chunk_loop_to_real_tensors():
-    cfg = ComplexitySpec(lengths=[64, 128, 256], d_model=8, repeats=1, warmup=0, max_seconds=1e-9,
+    cfg = ComplexitySettings(lengths=[64, 128, 256], d_model=8, repeats=1, warmup=0, max_seconds=1e-9,
                          count_tensors="auto")
     # GLA's chunkwise CPU form steps through its chunks in Python (chunk 2: one step per 2
     # tokens); Grassmann is vectorised. (Performer was the loop here until its chunks were
@@ -191,7 +191,7 @@ def test_the_csvs_have_exactly_their_row_types_columns(tmp_path):
 
     from seqmix.io import columns
 
-    cfg = ComplexitySpec(lengths=[8, 16, 32], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=60.0)
+    cfg = ComplexitySettings(lengths=[8, 16, 32], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=60.0)
     paths = {t: tmp_path / f"{t.__name__}.csv" for t in (cx.ComplexityRow, cx.FitRow, cx.GrowthRow)}
     cx.write_complexity(["softmax"], cfg, TINY, *paths.values(), device="cpu", progress=False)
     for row_type, path in paths.items():

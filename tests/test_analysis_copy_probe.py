@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from seqmix.analysis import copy_probe
-from seqmix.config import ConfigError, validate_config
-from seqmix.dag import Jobs
 from seqmix.io import columns
-from seqmix.study import copy_probe_job, job_table
+from seqmix.study.dag import Jobs
+from seqmix.study.load import ConfigError, validate_study
+from seqmix.study.table import copy_probe_job, job_table
 
 from .conftest import tiny_config
 
@@ -28,7 +28,7 @@ def tiny_study(tmp_path, archs=("softmax",), **probe):
     cfg = tiny_config(tmp_path, None, archs=archs)
     cfg["tasks"]["mqar"]["model"] = MODEL
     cfg["analysis"]["copy_probe"] = {**PROBE, **probe}
-    return validate_config(cfg)
+    return validate_study(cfg)
 
 
 def test_the_label_at_t_is_the_token_at_t_minus_1():
@@ -72,7 +72,7 @@ def test_the_probe_takes_the_mqar_tasks_model_and_mixer_options(tmp_path):
     cfg["tasks"]["mqar"]["mixers"] = {"softmax": {"n_heads": 1}}
     cfg["tasks"]["mqar"]["train"]["lr"] = 5e-4  # the task's own schedule is not the probe's
     del cfg["analysis"]["copy_probe"]  # the defaults
-    job = copy_probe_job(validate_config(cfg))
+    job = copy_probe_job(validate_study(cfg))
     assert job.task == "mqar" and job.architectures == ["softmax", "gla"]
     assert job.mixers["softmax"]["n_heads"] == 1 and job.train.lr == 3e-3 and job.train.steps == 300
     softmax, gla = copy_probe.build_model(job, "softmax"), copy_probe.build_model(job, "gla")
@@ -86,7 +86,7 @@ def test_a_bad_probe_setting_names_its_key(tmp_path, probe, key):
     cfg = tiny_config(tmp_path, None)
     cfg["analysis"]["copy_probe"] = probe
     with pytest.raises(ConfigError, match=re.escape(f"'{key}'")) as e:
-        validate_config(cfg)
+        validate_study(cfg)
     if key.endswith("task"):
         assert "choose one of: auto, mqar, or null" in str(e.value)
 
@@ -95,7 +95,7 @@ def test_without_a_recall_task_there_is_no_probe_and_the_recall_notebook_does_no
     off = tiny_config(tmp_path, None)
     off["analysis"]["copy_probe"] = {"task": None}
     snli_only = {"architectures": ["softmax"], "seeds": [0], "tasks": {"snli": {}}}
-    for study in (validate_config(off), validate_config(snli_only)):
+    for study in (validate_study(off), validate_study(snli_only)):
         assert copy_probe_job(study) is None
         jobs = Jobs(job_table(study))
         assert not jobs.has_analysis("copy_probe")

@@ -159,7 +159,7 @@ def test_geometry_csv_has_exactly_its_row_types_columns(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from seqmix.io import columns
-    from seqmix.sections import GeometrySpec
+    from seqmix.study.settings import GeometrySettings
     from seqmix.train import evaluate
 
     torch.manual_seed(0)
@@ -171,7 +171,7 @@ def test_geometry_csv_has_exactly_its_row_types_columns(tmp_path, monkeypatch):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.json").write_text(json.dumps({"arch": "grassmann"}))
     out = tmp_path / "geometry.csv"
-    assert geo.write_geometry([tmp_path / "run"], GeometrySpec(num_sequences=2), out) > 0
+    assert geo.write_geometry([tmp_path / "run"], GeometrySettings(num_sequences=2), out) > 0
     with open(out, newline="") as f:
         reader = csv.DictReader(f)
         assert reader.fieldnames == columns(geo.GeometryRow)

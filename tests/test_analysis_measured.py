@@ -184,13 +184,13 @@ def test_model_sparsity_reads_a_noncausal_pair_classifier():
 def test_sparsity_measures_every_architecture_of_the_quick_config():
     import yaml
 
-    from seqmix.config import validate_config
-    from seqmix.study import sparsity_runs
+    from seqmix.study.load import validate_study
+    from seqmix.study.table import sparsity_runs
 
     from .conftest import REPO
 
     raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    study = validate_config(raw)
+    study = validate_study(raw)
     measured = sparsity_runs(study)
     assert {r.arch for r in measured} == set(study.architectures)
     tasks = study.analysis.sparsity.tasks
@@ -200,7 +200,7 @@ def test_sparsity_measures_every_architecture_of_the_quick_config():
     # fallback task), and only then.
     raw["architectures"] = [*raw["architectures"], "linformer"]
     raw["tasks"]["snli"] = {"train_file": "train_sample_1pct"}
-    study = validate_config(raw)
+    study = validate_study(raw)
     measured = sparsity_runs(study)
     noncausal = {r.arch for r in measured if not mixers.mixer_class(r.arch).supports_causal}
     assert noncausal == {"linformer"} and {(r.task, r.seed) for r in measured if r.arch in noncausal} == {
@@ -278,7 +278,7 @@ def test_sparsity_csv_has_exactly_its_row_types_columns(tmp_path, monkeypatch):
 
     from seqmix.analysis.sparsity import SparsityRow, write_sparsity
     from seqmix.io import columns
-    from seqmix.sections import SparsitySpec
+    from seqmix.study.settings import SparsitySettings
     from seqmix.train import evaluate
 
     torch.manual_seed(0)
@@ -291,7 +291,7 @@ def test_sparsity_csv_has_exactly_its_row_types_columns(tmp_path, monkeypatch):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.json").write_text(json.dumps({"status": "ok"}))
     out = tmp_path / "sparsity.csv"
-    spec = SparsitySpec(num_sequences=2, min_row_len=4, jacobian_sequences=1)
+    spec = SparsitySettings(num_sequences=2, min_row_len=4, jacobian_sequences=1)
     assert write_sparsity([tmp_path / "run"], spec, out) > 0
     with open(out, newline="") as f:
         reader = csv.DictReader(f)

@@ -20,7 +20,7 @@ from scipy import integrate, special
 
 from seqmix.analysis import su
 from seqmix.analysis.sparsity import su_sparsity
-from seqmix.sections import SparsityAnalyticSpec
+from seqmix.study.settings import SparsityAnalyticSettings
 
 GRID = [(b, g) for b in (-2.0, -1.0, -0.3, 0.0, 0.5, 1.5, 3.0) for g in (0.2, 0.7, 1.0, 2.0)]
 
@@ -196,7 +196,7 @@ def test_finite_n_monte_carlo_converges_to_closed_form():
 
 
 def test_analytic_curves_table():
-    cfg = SparsityAnalyticSpec(beta_range=(-1.0, 1.0), beta_points=3, gamma_range=(0.5, 1.5), gamma_points=2,
+    cfg = SparsityAnalyticSettings(beta_range=(-1.0, 1.0), beta_points=3, gamma_range=(0.5, 1.5), gamma_points=2,
                                lengths=[4, 64], lambdas=[0.9, 1.0], feature_dim=8, mc_points=[(0.0, 1.0)],
                                mc_lengths=[16], mc_rows=10, seed=0)
     rows = su.analytic_curves(cfg)
@@ -270,7 +270,7 @@ def test_cli_writes_the_curves_csv(tmp_path):
     import yaml
 
     from seqmix import REPO_ROOT, cli
-    from seqmix.config import deep_merge
+    from seqmix.study.load import deep_merge
 
     raw = yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text())
     small = {"beta_points": 2, "gamma_points": 2, "lengths": [8], "lambdas": [0.9], "mc_points": [[0.0, 1.0]],

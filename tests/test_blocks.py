@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqmix import catalogue
-from seqmix.config import ConfigError, validate_config
 from seqmix.models.blocks import Block, build_blocks, norm_class
 from seqmix.models.lm import CausalLM, LMConfig
-from seqmix.study import run_spec
+from seqmix.study.load import ConfigError, validate_study
+from seqmix.study.table import run_spec
 
 from .conftest import tiny_config
 
@@ -289,7 +289,7 @@ def _study(tmp_path, block=None, archs=("softmax", "crate", "tssa", "mamba")):
     raw = tiny_config(tmp_path, None, archs=archs)
     if block is not None:
         raw["tasks"]["mqar"]["model"]["block"] = block
-    return validate_config(raw)
+    return validate_study(raw)
 
 
 def test_every_run_records_the_block_it_trains_in(tmp_path):
@@ -321,7 +321,7 @@ def test_the_old_norm_key_says_what_replaced_it(tmp_path):
     raw = tiny_config(tmp_path, None)
     raw["tasks"]["mqar"]["model"]["norm"] = "pre"
     with pytest.raises(ConfigError, match="model.norm is now model.block: write block: pre"):
-        validate_config(raw)
+        validate_study(raw)
 
 
 def test_blocks_in_the_catalogue_are_the_blocks_built():
@@ -368,14 +368,14 @@ def test_positions_none_leaves_the_embedding_out_and_unknown_schemes_are_refused
     import torch
 
     from seqmix.models.lm import CausalLM, LMConfig
-    from seqmix.sections import ModelSpec
+    from seqmix.study.settings import ModelSettings
 
-    spec = ModelSpec(positions={"default": "learned", "mamba": "none"})
+    spec = ModelSettings(positions={"default": "learned", "mamba": "none"})
     assert (spec.positions_for("mamba"), spec.positions_for("softmax")) == ("none", "learned")
     with pytest.raises(pydantic.ValidationError, match="unknown position scheme.*'rope'"):
-        ModelSpec(positions={"gla": "rope"})
+        ModelSettings(positions={"gla": "rope"})
     with pytest.raises(pydantic.ValidationError, match="unknown architecture.*'mambo'"):
-        ModelSpec(positions={"mambo": "none"})
+        ModelSettings(positions={"mambo": "none"})
     cfg = dict(arch="softmax", vocab_size=32, max_len=8, d_model=16, n_layers=1, d_ff_mult=0, dropout=0.0, block="pre")
     with_pos, without = CausalLM(LMConfig(**cfg)), CausalLM(LMConfig(**cfg, positions="none"))
     assert without.pos_emb is None

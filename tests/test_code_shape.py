@@ -174,21 +174,21 @@ def test_a_mixer_name_lives_in_the_catalogue_and_its_own_module(name):
 # below. (prefix, layer): the longest prefix that matches a module places it.
 STACK = [
     ("seqmix.cli", 15), ("seqmix.__main__", 15),
-    ("seqmix.dag", 15),  # the Snakefile's entry point, as cli is the command line's (torch-free at import)
+    ("seqmix.study.dag", 15),  # the Snakefile's entry point, as cli is the command line's (torch-free at import)
     ("seqmix.report", 14),
     ("seqmix.analysis", 13), ("seqmix.bench", 13),
     ("seqmix.train", 12),
     ("seqmix.plan", 11),
     ("seqmix.preflight", 10),
-    ("seqmix.study", 9),
-    ("seqmix.config", 8),
+    ("seqmix.study.table", 9),
+    ("seqmix.study.load", 8),
     ("seqmix.tasks", 7),
     ("seqmix.data", 6),
     ("seqmix.models", 5),
     ("seqmix.measure", 4),  # below models/: the plan, the preflight, the analyses and training use it
     ("seqmix.mixers", 3),
     ("seqmix.kernels", 2),
-    ("seqmix.sections", 1), ("seqmix.spec", 1), ("seqmix.sweep", 1),
+    ("seqmix.study.settings", 1), ("seqmix.study.jobs", 1), ("seqmix.study.sweep", 1),
     ("seqmix.catalogue", 0), ("seqmix.io", 0), ("seqmix.errors", 0), ("seqmix.allocator", 0), ("seqmix.slots", 0),
     ("seqmix", 0),
 ]

@@ -8,14 +8,14 @@ import pytest
 import yaml
 
 from seqmix import REPO_ROOT
-from seqmix.config import ConfigError, load_config, validate_config
-from seqmix.study import run_spec, runs
+from seqmix.study.load import ConfigError, load_study, validate_study
+from seqmix.study.table import run_spec, runs
 
 MINIMAL = {"tasks": {"mqar": {}}, "architectures": ["softmax"], "seeds": [0]}
 
 
 def test_defaults_are_filled_from_the_schema():
-    cfg = validate_config(MINIMAL)
+    cfg = validate_study(MINIMAL)
     assert cfg.results_dir == "results"
     assert cfg.tasks["mqar"].train.lr == 1e-3
     assert cfg.tasks["mqar"].model.budget.solve == "width"
@@ -26,46 +26,46 @@ def test_defaults_are_filled_from_the_schema():
 
 @pytest.mark.parametrize("path", ["config/config.yaml", "config/paper.yaml"])
 def test_shipped_configs_are_valid(path):
-    cfg = load_config(REPO_ROOT / path)
+    cfg = load_study(REPO_ROOT / path)
     assert runs(cfg)
 
 
 def test_unknown_key_is_named_with_the_allowed_ones():
     bad = {**MINIMAL, "tasks": {"mqar": {"train": {"stpes": 10}}}}
     with pytest.raises(ConfigError, match=r"unknown key\(s\) 'stpes' under 'tasks.mqar.train'; allowed: .*steps"):
-        validate_config(bad)
+        validate_study(bad)
 
 
 def test_wrong_type_names_the_key():
     bad = {**MINIMAL, "tasks": {"mqar": {"train": {"lr": "fast"}}}}
     with pytest.raises(ConfigError, match=r"tasks.mqar.train.lr"):
-        validate_config(bad)
+        validate_study(bad)
 
 
 def test_unknown_architecture_lists_the_allowed_values():
     with pytest.raises(ConfigError, match=r"architectures\[1\]'.*'transformer'.*allowed values: softmax, grassmann"):
-        validate_config({**MINIMAL, "architectures": ["softmax", "transformer"]})
+        validate_study({**MINIMAL, "architectures": ["softmax", "transformer"]})
 
 
 def test_unknown_mixer_option_fails_before_any_job():
     with pytest.raises(ConfigError, match=r"'rnk' under 'mixers.grassmann'; allowed: .*rank"):
-        validate_config({**MINIMAL, "mixers": {"grassmann": {"rnk": 4}}})
+        validate_study({**MINIMAL, "mixers": {"grassmann": {"rnk": 4}}})
 
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as e:
-        validate_config({"tasks": {"mqar": {"seq_len": -1}}, "architectures": ["x"], "seeds": [0], "oops": 1})
+        validate_study({"tasks": {"mqar": {"seq_len": -1}}, "architectures": ["x"], "seeds": [0], "oops": 1})
     msg = str(e.value)
     assert "oops" in msg and "architectures[0]" in msg and "tasks.mqar.seq_len" in msg
 
 
 def test_training_on_the_evaluation_split_is_refused():
     with pytest.raises(ConfigError, match="tasks.wikitext2.*eval_split"):
-        validate_config({**MINIMAL, "tasks": {"wikitext2": {"train_split": "validation"}}})
+        validate_study({**MINIMAL, "tasks": {"wikitext2": {"train_split": "validation"}}})
 
 
 def test_runs_cover_task_arch_seed_and_skip_noncausal_lm():
-    cfg = validate_config({"tasks": {"mqar": {}, "snli": {}}, "architectures": ["softmax", "linformer"], "seeds": [0, 1]})
+    cfg = validate_study({"tasks": {"mqar": {}, "snli": {}}, "architectures": ["softmax", "linformer"], "seeds": [0, 1]})
     got = runs(cfg)
     assert ("snli", "linformer", 1) in got
     assert not any(t == "mqar" and a == "linformer" for t, a, _ in got)
@@ -75,7 +75,7 @@ def test_runs_cover_task_arch_seed_and_skip_noncausal_lm():
 def test_a_task_gives_seeds_per_architecture_and_refuses_bad_ones():
     # Three seeds where a task names them for an architecture, its default elsewhere; the
     # study's seeds where it has no default.
-    cfg = validate_config({"tasks": {"mqar": {"seeds": {"default": [0], "softmax": [0, 1, 2]}},
+    cfg = validate_study({"tasks": {"mqar": {"seeds": {"default": [0], "softmax": [0, 1, 2]}},
                                      "mqar/b": {"seeds": {"grassmann": [4]}}},
                            "architectures": ["softmax", "grassmann"], "seeds": [7]})
     assert runs(cfg) == [("mqar", "softmax", 0), ("mqar", "softmax", 1), ("mqar", "softmax", 2), ("mqar", "grassmann", 0),
@@ -83,11 +83,11 @@ def test_a_task_gives_seeds_per_architecture_and_refuses_bad_ones():
     for seeds, message in (({"softmx": [0]}, "unknown architecture(s) softmx in seeds"),
                            ({"softmax": [1, 1]}, "distinct seeds >= 0, got [1, 1]"), ([], "non-empty list")):
         with pytest.raises(ConfigError, match=rf"tasks.mqar.seeds.*{re.escape(message)}"):
-            validate_config({**MINIMAL, "tasks": {"mqar": {"seeds": seeds}}})
+            validate_study({**MINIMAL, "tasks": {"mqar": {"seeds": seeds}}})
 
 
 def test_run_spec_holds_only_its_task():
-    cfg = validate_config({"tasks": {"mqar": {}, "snli": {}}, "architectures": ["softmax"], "seeds": [3]})
+    cfg = validate_study({"tasks": {"mqar": {}, "snli": {}}, "architectures": ["softmax"], "seeds": [3]})
     spec = run_spec(cfg, "mqar", "softmax", 3)
     assert spec.run_dir.endswith("runs/mqar/softmax/seed3")
     assert "train_file" not in spec.settings and spec.settings["seq_len"] == 64  # snli's settings are not part of it
@@ -97,7 +97,7 @@ def test_yaml_file_errors_name_the_file(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump({**MINIMAL, "seeds": "zero"}))
     with pytest.raises(ConfigError, match=r"(?s)bad.yaml.*seeds"):
-        load_config(p)
+        load_study(p)
 
 
 def test_the_committed_json_schema_is_current():
@@ -109,7 +109,7 @@ def test_the_committed_json_schema_is_current():
     import copy
     import json
 
-    from seqmix.config import SCHEMA_PATH, config_schema
+    from seqmix.study.load import SCHEMA_PATH, config_schema
 
     committed, current = json.loads(SCHEMA_PATH.read_text()), json.loads(json.dumps(config_schema()))
 
@@ -128,7 +128,7 @@ def test_the_committed_json_schema_is_current():
 def test_the_json_schema_rejects_what_validation_rejects():
     import jsonschema
 
-    from seqmix.config import config_schema
+    from seqmix.study.load import config_schema
 
     schema = config_schema()
     good = yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text())
@@ -138,4 +138,4 @@ def test_the_json_schema_rejects_what_validation_rejects():
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
         with pytest.raises(ConfigError):
-            validate_config(bad)
+            validate_study(bad)

@@ -230,7 +230,7 @@ def test_editing_one_tasks_training_reruns_its_runs_and_what_reads_them(full_run
 
 
 def test_parsing_the_dag_again_reads_the_cached_job_table_and_imports_no_torch(full_run):
-    # The job table was made by the runs above (seqmix.dag); a dry run now reads it as it is
+    # The job table was made by the runs above (seqmix.study.dag); a dry run now reads it as it is
     # (no file rewritten) and the Snakemake process never imports torch.
     src, work = full_run
     tables = {p: p.stat().st_mtime_ns for p in (work / ".snakemake" / "seqmix").glob("jobs-*.json")}
@@ -241,7 +241,7 @@ def test_parsing_the_dag_again_reads_the_cached_job_table_and_imports_no_torch(f
                           capture_output=True, text=True, env=env, cwd=work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     imported = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", proc.stderr, re.M)
-    assert "seqmix.dag" in imported and "snakemake" in imported
+    assert "seqmix.study.dag" in imported and "snakemake" in imported
     assert not [m for m in imported if m == "torch" or m.startswith("torch.")], "parsing the DAG imported torch"
     assert {p: p.stat().st_mtime_ns for p in tables} == tables
 
@@ -353,11 +353,11 @@ def test_a_bad_config_fails_before_any_job_naming_the_key(tmp_path):
     assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
 
 
-# -- seqmix.dag: the job table the Snakefile reads -----------------------------------------
+# -- seqmix.study.dag: the job table the Snakefile reads -----------------------------------------
 
 
 def test_the_job_table_is_made_once_and_again_when_a_file_it_read_changes(tmp_path, monkeypatch):
-    from seqmix import dag
+    from seqmix.study import dag
 
     made = []
     resolve = dag._resolve
@@ -367,7 +367,7 @@ def test_the_job_table_is_made_once_and_again_when_a_file_it_read_changes(tmp_pa
     first = dag.load({}, [config], cache)
     assert dag.load({}, [config], cache).table == first.table and len(made) == 1  # read from the cache
     read = json.loads(next(cache.glob("jobs-*.json")).read_text())["read"]
-    assert {str(config), str(REPO / "src" / "seqmix" / "config.py"),
+    assert {str(config), str(REPO / "src" / "seqmix" / "study" / "load.py"),
             str(REPO / "src" / "seqmix" / "mixers" / "grassmann.py")} <= set(read)
     config.write_text(yaml.safe_dump(tiny_config(tmp_path, None, seeds=(0, 1))))
     again = dag.load({}, [config], cache)
@@ -377,7 +377,7 @@ def test_the_job_table_is_made_once_and_again_when_a_file_it_read_changes(tmp_pa
 
 
 def test_a_profile_that_extends_another_is_read_with_it():
-    from seqmix.dag import config_files
+    from seqmix.study.dag import config_files
 
     config = REPO / "config"
     assert config_files(config / "paper-smoke.yaml") == [config / "paper-smoke.yaml", config / "paper.yaml"]
@@ -385,16 +385,16 @@ def test_a_profile_that_extends_another_is_read_with_it():
 
 @pytest.fixture(scope="module")
 def tiny_jobs(tmp_path_factory):
-    from seqmix.config import validate_config
-    from seqmix.dag import Jobs
-    from seqmix.study import job_table
+    from seqmix.study.dag import Jobs
+    from seqmix.study.load import validate_study
+    from seqmix.study.table import job_table
 
     root = tmp_path_factory.mktemp("jobs")
-    return Jobs(json.loads(json.dumps(job_table(validate_config(tiny_config(root, None))))))
+    return Jobs(json.loads(json.dumps(job_table(validate_study(tiny_config(root, None))))))
 
 
 def test_outputs_yaml_references_name_results_runs_sources_and_settings(tiny_jobs):
-    from seqmix.dag import StudyError
+    from seqmix.study.dag import StudyError
 
     results = tiny_jobs.results
     assert tiny_jobs.reference("summary/runs.csv") == f"{results}/summary/runs.csv"

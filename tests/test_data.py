@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqmix.config import validate_config
 from seqmix.data.manifest import DataError, read_manifest, sha256_file
 from seqmix.data.mqar import multiquery_ar
 from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
-from seqmix.sections import DataSpec
-from seqmix.study import data_job
+from seqmix.study.load import validate_study
+from seqmix.study.settings import DataSettings
+from seqmix.study.table import data_job
 from seqmix.tasks import task_class
 
 
@@ -45,10 +45,10 @@ def test_mqar_rejects_impossible_settings():
     with pytest.raises(ValueError, match="num_kv_pairs"):
         multiquery_ar(64, 1, 16, 5)
     # ... and the config says so before any job runs, naming the key.
-    from seqmix.config import ConfigError
+    from seqmix.study.load import ConfigError
 
     with pytest.raises(ConfigError, match=r"tasks.mqar.*num_kv_pairs \* 4 \(20\) must be <= seq_len \(16\)"):
-        validate_config({"tasks": {"mqar": {"seq_len": 16, "num_kv_pairs": 5, "vocab_size": 64}},
+        validate_study({"tasks": {"mqar": {"seq_len": 16, "num_kv_pairs": 5, "vocab_size": 64}},
                          "architectures": ["softmax"], "seeds": [0]})
 
 
@@ -58,7 +58,7 @@ def test_corrupted_mirror_file_names_the_file_and_its_sha256(tmp_path):
     target.parent.mkdir(parents=True)
     with gzip.open(target, "wb") as f:
         f.write(b'{"premise": "x", "hypothesis": "y", "label": "neutral"}\n')
-    source = resolve_source(DataSpec(mirror=str(tmp_path / "mirror"), source="mirror"))
+    source = resolve_source(DataSettings(mirror=str(tmp_path / "mirror"), source="mirror"))
     expected = RAW_FILES[("snli", "validation")].sha256
     with pytest.raises(DataError, match=rf"{target}.*expected {expected}"):
         mirror_file(source, "snli", "validation")
@@ -67,7 +67,7 @@ def test_corrupted_mirror_file_names_the_file_and_its_sha256(tmp_path):
 def test_missing_snli_train_explains_the_subset(tmp_path):
     # A mirror laid out like shared/data, which holds SNLI train's subsets but not the split.
     (tmp_path / "mirror" / "snli").mkdir(parents=True)
-    source = resolve_source(DataSpec(mirror=str(tmp_path / "mirror"), source="mirror"))
+    source = resolve_source(DataSettings(mirror=str(tmp_path / "mirror"), source="mirror"))
     with pytest.raises(DataError, match=r"snli/train\.jsonl\.gz(?s:.*)train_sample_1pct"):
         mirror_file(source, "snli", "train")
 
@@ -75,11 +75,11 @@ def test_missing_snli_train_explains_the_subset(tmp_path):
 def test_mirror_source_needs_a_mirror(monkeypatch):
     monkeypatch.delenv("SEQMIX_DATA_MIRROR", raising=False)
     with pytest.raises(DataError, match="SEQMIX_DATA_MIRROR"):
-        resolve_source(DataSpec(mirror=None, source="mirror"))
+        resolve_source(DataSettings(mirror=None, source="mirror"))
 
 
 def test_prepared_mqar_has_a_manifest_that_catches_corruption(tmp_path):
-    cfg = validate_config({"tasks": {"mqar": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2,
+    cfg = validate_study({"tasks": {"mqar": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2,
                                               "num_train": 20, "num_test": 5}},
                            "architectures": ["softmax"], "seeds": [0], "data": {"dir": str(tmp_path)}})
     info = task_class("mqar").prepare(data_job(cfg, "mqar"))

@@ -138,13 +138,13 @@ def test_a_kernel_whose_backward_fails_falls_back_before_the_graph_is_built():
 
 
 def mamba_run(prepared_mqar: dict, root: Path, reference_mixers: bool):
-    from seqmix.config import validate_config
-    from seqmix.study import run_spec
+    from seqmix.study.load import validate_study
+    from seqmix.study.table import run_spec
 
     cfg = copy.deepcopy(prepared_mqar)
     cfg["results_dir"], cfg["architectures"] = str(root), ["mamba"]
     cfg["tasks"]["mqar"]["train"].update(steps=2, eval_every=2, checkpoint_every=2, reference_mixers=reference_mixers)
-    return run_spec(validate_config(cfg), "mqar", "mamba", 0)
+    return run_spec(validate_study(cfg), "mqar", "mamba", 0)
 
 
 def test_a_compiled_call_takes_the_path_an_eager_call_resolved():
@@ -195,11 +195,11 @@ def test_provenance_records_the_setting_and_the_paths_a_run_took(prepared_mqar, 
 
 # ------------------------------------------------------------------------------------------
 # No module reads or writes the environment but the two entry points: the command line
-# (seqmix.cli) and the Snakefile's (seqmix.dag, which keys its cache on SEQMIX_* settings and
+# (seqmix.cli) and the Snakefile's (seqmix.study.dag, which keys its cache on SEQMIX_* settings and
 # hands the environment to the `jobs` command it runs).
 # ------------------------------------------------------------------------------------------
 
-CLI_BOUNDARY = {"src/seqmix/cli.py", "src/seqmix/dag.py",
+CLI_BOUNDARY = {"src/seqmix/cli.py", "src/seqmix/study/dag.py",
                 # a command line of its own, run by the rules before `python -m seqmix`: the GPUs
                 # it spreads jobs over are the environment's (CUDA_VISIBLE_DEVICES)
                 "src/seqmix/slots.py"}

@@ -35,12 +35,12 @@ import yaml
 
 from seqmix import io as seqmix_io
 from seqmix.cli import main as cli
-from seqmix.config import ConfigError, validate_config
 from seqmix.data.manifest import DataError, read_manifest, write_manifest
 from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
 from seqmix.io import FileError, read_json, write_json
-from seqmix.sections import MIRROR_ENV, DataSpec
-from seqmix.study import data_job, run_spec
+from seqmix.study.load import ConfigError, validate_study
+from seqmix.study.settings import MIRROR_ENV, DataSettings
+from seqmix.study.table import data_job, run_spec
 from seqmix.tasks import task_class
 from seqmix.train import checkpoint, loop
 from seqmix.train.evaluate import evaluate_run
@@ -70,7 +70,7 @@ def spec_of(cfg: dict, results: Path, **train):
     cfg = json.loads(json.dumps(cfg))
     cfg["results_dir"] = str(results)
     cfg["tasks"]["mqar"]["train"].update(train)
-    return run_spec(validate_config(cfg), "mqar", "softmax", 0)
+    return run_spec(validate_study(cfg), "mqar", "softmax", 0)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def study(tmp_path_factory) -> dict:
     """The MQAR config with its data prepared once for the module."""
     root = tmp_path_factory.mktemp("faults")
     cfg = mqar_config(root)
-    job = data_job(validate_config(cfg), "mqar")
+    job = data_job(validate_study(cfg), "mqar")
     task_class(job.kind).prepare(job)
     return cfg
 
@@ -697,7 +697,7 @@ def test_results_have_the_mode_the_umask_gives(study, tmp_path, umask):
         loop.train(spec, progress=False)
         evaluate_run(Path(spec.run_dir), device="cpu")
         cfg = mqar_config(tmp_path)
-        job = data_job(validate_config(cfg), "mqar")
+        job = data_job(validate_study(cfg), "mqar")
         task_class(job.kind).prepare(job)
         with seqmix_io.exclusive_lock(tmp_path / "data" / "mqar" / ".prepare.lock", "data"):
             pass
@@ -768,7 +768,7 @@ def test_raw_data_of_the_mirror(tmp_path, monkeypatch, how):
     target = mirror / raw.paths[0]
     target.parent.mkdir(parents=True)
     target.write_bytes(good)
-    source = resolve_source(DataSpec(mirror=str(mirror), source="mirror"))
+    source = resolve_source(DataSettings(mirror=str(mirror), source="mirror"))
     assert mirror_file(source, *key) == target
     damaged(target, how)
     fix = ("copy the official file there (the mirror's SHA256SUMS lists every digest) or point the config key "
@@ -787,8 +787,8 @@ def test_raw_data_of_the_mirror(tmp_path, monkeypatch, how):
 def test_the_mirror_fix_names_the_setting_in_force(tmp_path):
     mirror = tmp_path / "mirror"
     mirror.mkdir()
-    from_env = resolve_source(DataSpec(source="mirror"), env_mirror=str(mirror))  # as the CLI passes it
-    from_config = resolve_source(DataSpec(mirror=str(mirror), source="mirror"))
+    from_env = resolve_source(DataSettings(source="mirror"), env_mirror=str(mirror))  # as the CLI passes it
+    from_config = resolve_source(DataSettings(mirror=str(mirror), source="mirror"))
     with pytest.raises(DataError, match=f"point the environment variable {MIRROR_ENV} at a mirror"):
         mirror_file(from_env, "snli", "validation")
     with pytest.raises(DataError, match="point the config key 'data.mirror' at a mirror") as e:
@@ -798,7 +798,7 @@ def test_the_mirror_fix_names_the_setting_in_force(tmp_path):
 
 def test_snli_train_has_no_digest_and_the_message_says_so(tmp_path):
     (tmp_path / "snli").mkdir()
-    source = resolve_source(DataSpec(mirror=str(tmp_path), source="mirror"))
+    source = resolve_source(DataSettings(mirror=str(tmp_path), source="mirror"))
     with pytest.raises(DataError) as e:
         mirror_file(source, "snli", "train")
     msg = str(e.value)
@@ -877,10 +877,10 @@ def test_run_files_read_by_evaluation(study, tmp_path, name, how):
 
 def test_a_bad_spec_is_named_before_any_work(tmp_path, capsys):
     assert cli(["train", "--spec", '{"profile": "quick"']) == 2
-    assert capsys.readouterr().err.startswith("error: --spec is not a valid RunSpec (key '<top level>': Invalid JSON")
+    assert capsys.readouterr().err.startswith("error: --spec is not a valid TrainJob (key '<top level>': Invalid JSON")
     assert cli(["train", "--spec", json.dumps({"profile": "quick", "task": "mqar"})]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --spec is not a valid RunSpec (key 'kind': required; key 'group': required; ")
+    assert err.startswith("error: --spec is not a valid TrainJob (key 'kind': required; key 'group': required; ")
     assert "pass the JSON the Snakefile writes" in err
     assert cli(["data", "mqar", "--spec", "{}"]) == 2
     assert "error: --spec is not a valid DataJob (key 'kind': required" in capsys.readouterr().err
@@ -908,7 +908,7 @@ def test_a_block_longer_than_a_wikitext_split_fails_before_step_one(tmp_path, ca
     cfg = tiny_config(tmp_path, None, archs=("softmax",))
     cfg["tasks"] = {"wikitext2": {"block_size": block, **{k: cfg["tasks"]["mqar"][k] for k in ("model", "train")}}}
     cfg["analysis"]["sparsity"]["tasks"] = ["wikitext2"]
-    spec = run_spec(validate_config(cfg), "wikitext2", "softmax", 0)
+    spec = run_spec(validate_study(cfg), "wikitext2", "softmax", 0)
     assert cli(["train", "--quiet", "--spec", spec.model_dump_json()]) == 3
     tokens = {"train": 50, "validation": 10}[short]
     manifest = tmp_path / "data" / "wikitext2" / "manifest.json"
@@ -930,7 +930,7 @@ def test_mqar_generator_limits_fail_at_validation(tmp_path, settings, message):
     cfg = tiny_config(tmp_path, None, archs=("softmax",))
     cfg["tasks"]["mqar"].update(settings)
     with pytest.raises(ConfigError) as e:
-        validate_config(cfg)
+        validate_study(cfg)
     assert message in str(e.value)
 
 
@@ -948,7 +948,7 @@ def test_paths_the_workflow_cannot_use_are_refused_with_the_reason(tmp_path, key
     else:
         cfg["data"]["dir"] = value
     with pytest.raises(ConfigError) as e:
-        validate_config(cfg)
+        validate_study(cfg)
     assert f"config key '{key}': {why}" in str(e.value)
 
 

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from seqmix.bench import packing
-from seqmix.config import load_config, read_config_file
 from seqmix.preflight import solved_size
-from seqmix.study import run_spec, runs
+from seqmix.study.load import load_study, read_config_file
+from seqmix.study.table import run_spec, runs
 
 from .conftest import REPO, tiny_config
 from .test_dag import copy_workflow, planned_jobs, snakemake
@@ -39,7 +39,7 @@ NOT_THE_TASK = {"profile", "run_dir", "data_dir", "tokenizer_dir", "data.dir", "
 
 
 def test_the_headline_runs_are_the_paper_profiles_wikitext2_runs():
-    headline, paper = load_config(HEADLINE), load_config(PAPER)
+    headline, paper = load_study(HEADLINE), load_study(PAPER)
     assert headline.profile == "paper-headline" and headline.results_dir == "results/paper-headline"
     assert list(headline.tasks) == ["wikitext2"] and headline.architectures == ["softmax", "grassmann"]
     assert headline.seeds and headline.seeds == [0, 1, 2][: len(headline.seeds)]  # a cut keeps the first
@@ -61,7 +61,7 @@ def test_the_headline_smoke_is_the_headline_plus_its_cuts():
     """config/paper-headline-smoke.yaml resolves to the headline with the keys it lists
     changed and nothing else: every shape is the headline's."""
     cuts = {k for k in flatten(read_config_file(SMOKE)) if k != "extends"}
-    got, base = flatten(load_config(SMOKE).model_dump(mode="json")), flatten(load_config(HEADLINE).model_dump(mode="json"))
+    got, base = flatten(load_study(SMOKE).model_dump(mode="json")), flatten(load_study(HEADLINE).model_dump(mode="json"))
     changed = {k for k in got if got.get(k) != base.get(k)}
     assert changed <= cuts, changed - cuts
     for key in ("tasks.wikitext2.block_size", "tasks.wikitext2.train.batch_size", "tasks.wikitext2.model.budget.params",
@@ -73,7 +73,7 @@ def test_the_headline_target_plans_the_runs_and_their_evaluations_only(tmp_path)
     src = copy_workflow(tmp_path / "src")
     proc = snakemake(src, tmp_path, "-n", "-p", "--configfile", str(src / "config" / "paper-headline.yaml"),
                      "--resources", "gpu_slots=6", "--", "runs")
-    study = load_config(HEADLINE)
+    study = load_study(HEADLINE)
     n = len(study.architectures) * len(study.seeds)
     assert planned_jobs(proc) == {"data_tokenizer": 1, "data_task": 1, "train": n, "eval": n, "runs": 1}
     assert "python -m seqmix.slots python -m seqmix train" in proc.stdout
@@ -100,7 +100,7 @@ def measured(eager: tuple[float, float, float, float], compiled: tuple[float, fl
 
 
 def test_the_choice_cuts_seeds_before_anything_else_and_takes_the_faster_step():
-    study = load_config(HEADLINE)
+    study = load_study(HEADLINE)
     # The committed H100 eager step times alone, and six together as slow as one alone:
     # 18,000 Grassmann steps alone take 7.9 min, so no seed fits 7 min; the choice says so.
     slow = measured((17.9, 17.9, 26.3, 26.3))
@@ -135,9 +135,9 @@ def test_the_choice_is_written_into_the_config_file(tmp_path, config):
         (tmp_path / "config" / f.name).write_text(f.read_text())
     path = tmp_path / "config" / config.name
     packing.apply(path, {"seeds": [0, 1], "compile": True})
-    study = load_config(path)
+    study = load_study(path)
     assert study.seeds == [0, 1] and study.tasks["wikitext2"].train.compile is True
-    before = flatten(load_config(config).model_dump(mode="json"))
+    before = flatten(load_study(config).model_dump(mode="json"))
     after = flatten(study.model_dump(mode="json"))
     assert {k for k in after if after[k] != before[k]} == {"seeds", "tasks.wikitext2.train.compile"}
     assert path.read_text().count("#") == config.read_text().count("#")  # comments kept
@@ -205,7 +205,7 @@ def test_the_headline_smoke_runs_through_the_dag_on_one_fake_gpu(tmp_path, mirro
     snakemake(src, work, "--configfile", str(work / "other.yaml"), "--", "runs", env=env)
     snakemake(src, work, "--cores", "3", "--resources", "gpu_slots=3", "--set-threads", "train=1", "eval=1",
               "--configfile", str(src / "config" / "paper-headline-smoke.yaml"), "--", "runs", env=env)
-    study = load_config(SMOKE)
+    study = load_study(SMOKE)
     results = work / study.results_dir / "runs" / "wikitext2"
     slots = []
     for run in runs(study):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from seqmix import catalogue, mixers
-from seqmix.config import config_schema
+from seqmix.study.load import config_schema
 
 from .conftest import TINY_OPTIONS
 
@@ -130,7 +130,7 @@ SCHEMA_WORD = {"ge": "minimum", "gt": "exclusiveMinimum"}
 def test_option_bounds_are_in_the_schema_and_refused_with_their_key(name):
     """Every lower bound a mixer states in a field's metadata shows in the JSON schema and
     fails config validation naming ``mixers.<name>.<option>`` (before any job)."""
-    from seqmix.config import ConfigError, validate_config
+    from seqmix.study.load import ConfigError, validate_study
 
     from .conftest import tiny_config
 
@@ -144,7 +144,7 @@ def test_option_bounds_are_in_the_schema_and_refused_with_their_key(name):
             raw = tiny_config(Path("/nonexistent"), None, archs=("softmax",))
             raw["mixers"] = {name: {f.name: bound - 1 if key == "ge" else bound}}
             with pytest.raises(ConfigError, match=rf"mixers\.{name}\.{f.name}'"):
-                validate_config(raw)
+                validate_study(raw)
 
 
 def test_catalogue_entries_name_their_fields_and_colours_are_unique():

@@ -10,13 +10,13 @@ import torch
 import yaml
 
 from seqmix import measure
-from seqmix.config import validate_config
 from seqmix.measure import GIB, Count, step_bytes
 from seqmix.models.budget import BudgetError, solve_budget
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.plan import README_BEGIN, README_END, measure_step, plan_rows, splice_between, totals
 from seqmix.preflight import budget_problems, complexity_problems, precision_problems
-from seqmix.study import run_spec, runs
+from seqmix.study.load import validate_study
+from seqmix.study.table import run_spec, runs
 from seqmix.tasks import task_class
 
 from .conftest import REPO, tiny_config
@@ -42,7 +42,7 @@ def _study(tmp_path, **changes):
         for part in sections:
             node = node.setdefault(part, {})
         node[field] = value
-    return validate_config(raw)
+    return validate_study(raw)
 
 
 def test_the_step_is_counted_on_the_real_model(tmp_path):
@@ -139,11 +139,11 @@ def test_the_plan_uses_measured_step_times_and_extrapolates_by_flops_elsewhere(t
     point's MFU; a measurement of another model is not used (and said so); an architecture
     with none takes the assumed MFU."""
     from seqmix.plan import markdown, study_points
-    from seqmix.study import variants
+    from seqmix.study.table import study_tasks
 
     study = _study(tmp_path, seeds=[0, 1], architectures=["softmax", "grassmann", "mamba"],
                    **{"tasks.mqar.sweep": {"model.d_model": [16, 32], "train.lr": [1e-3, 3e-3]}})
-    small, large = [v.name for v in variants(study)][0], [v.name for v in variants(study)][-1]
+    small, large = [v.name for v in study_tasks(study)][0], [v.name for v in study_tasks(study)][-1]
     steps = {(p.name, p.spec.arch): p for p in study_points(study)}
     soft = steps[small, "softmax"]
     measured = [{"task": small, "arch": "softmax", "status": "ok", "params": str(soft.step.params), "batch": "4",
@@ -186,7 +186,7 @@ def test_plan_costs_the_runs_from_the_step_times_in_its_measured_directory(tmp_p
     raw = tiny_config(tmp_path, None, archs=("softmax", "mamba"))
     config = tmp_path / "plan.yaml"
     config.write_text(yaml.safe_dump(raw))
-    study = validate_config(raw)
+    study = validate_study(raw)
     spec = run_spec(study, "mqar", "softmax", 0)
     step = measure_step(spec)
     measured = tmp_path / "bench"
@@ -213,13 +213,13 @@ def test_the_committed_h100_step_times_are_the_paper_profiles_models():
     """`make plan` costs the paper profile from results/bench/<H100>/train_probe.csv only where
     a row's model is the one planned (parameters, batch, precision): every measured row must
     still be, or the plan would silently fall back to the assumed MFU for it."""
-    from seqmix.config import load_config
     from seqmix.plan import MEASURED_DIR, read_step_times
     from seqmix.preflight import solved_size
+    from seqmix.study.load import load_study
 
     rows = [r for r in read_step_times(REPO / MEASURED_DIR) if r["status"] == "ok"]
     assert len(rows) >= 11, f"{REPO / MEASURED_DIR} holds the H100's measured step times"
-    study = load_config(str(REPO / "config" / "paper.yaml"))
+    study = load_study(str(REPO / "config" / "paper.yaml"))
     for r in rows:
         spec = run_spec(study, r["task"], r["arch"], 0)
         planned = (solved_size(spec).params, spec.train.batch_size, spec.train.precision)
@@ -346,7 +346,7 @@ def test_every_rule_that_runs_a_command_declares_its_memory_runtime_and_benchmar
             if "shell:" not in body:
                 continue  # a target rule (all, analysis): no job runs
             checked.append(name)
-            # Sizes come from the config's `resources` through seqmix.dag.Jobs.resources, which
+            # Sizes come from the config's `resources` through seqmix.study.dag.Jobs.resources, which
             # gives both keys for every rule (checked below), or are written out.
             sized = "resources_of(" in body or ("mem_mb=" in body and "runtime=" in body)
             for needed, present in (("mem_mb and runtime", sized), ("benchmark", "benchmark:" in body)):
@@ -358,13 +358,13 @@ def test_every_rule_that_runs_a_command_declares_its_memory_runtime_and_benchmar
 
 def test_every_rule_size_the_dag_hands_out_has_memory_and_runtime(tmp_path):
     """What resources_of gives a rule: both keys, for every size the config names."""
-    from seqmix.config import validate_config
-    from seqmix.dag import Jobs
-    from seqmix.study import job_table
+    from seqmix.study.dag import Jobs
+    from seqmix.study.load import validate_study
+    from seqmix.study.table import job_table
 
     from .conftest import tiny_config
 
-    jobs = Jobs(job_table(validate_config(tiny_config(tmp_path, None))))
+    jobs = Jobs(job_table(validate_study(tiny_config(tmp_path, None))))
     for rule in jobs.table["resources"]:
         assert set(jobs.resources(rule)) == {"mem_mb", "runtime"}, rule
 
@@ -404,7 +404,7 @@ def test_a_block_longer_than_a_prepared_split_is_refused_with_the_train_jobs_mes
     from seqmix.tasks import make_task
 
     _prepared_wikitext(tmp_path / "data", {"train": 50, "validation": 10, "test": 30})
-    study = validate_config(_wikitext_study(tmp_path, None, 16))
+    study = validate_study(_wikitext_study(tmp_path, None, 16))
     manifest = tmp_path / "data" / "wikitext2" / "manifest.json"
     expected = (f"config key 'tasks.wikitext2.block_size' (16) is too long for the validation split (eval_split): "
                 f"it has 10 tokens ({manifest}) and needs at least 17; set block_size <= 9, or choose a longer "
@@ -413,13 +413,13 @@ def test_a_block_longer_than_a_prepared_split_is_refused_with_the_train_jobs_mes
     with pytest.raises(DataError) as e:  # the train job's own check, should the data change after
         make_task(run_spec(study, "wikitext2", "softmax", 0))
     assert str(e.value) == expected
-    assert shape_problems(validate_config(_wikitext_study(tmp_path, None, 9)), local=False) == []
+    assert shape_problems(validate_study(_wikitext_study(tmp_path, None, 9)), local=False) == []
 
 
 def test_a_block_longer_than_the_raw_files_is_refused_before_the_data_are_prepared(tmp_path, mirror):
     from seqmix.preflight import shape_problems
 
-    study = validate_config(_wikitext_study(tmp_path, mirror, 3_000_000))
+    study = validate_study(_wikitext_study(tmp_path, mirror, 3_000_000))
     problems = shape_problems(study, local=False)
     valid, test = (mirror / "wikitext-2-raw" / f"{s}.txt" for s in ("valid", "test"))
     assert [p.split(":")[0] for p in problems] == ["config key 'tasks.wikitext2.block_size' (3000000) is too long "
@@ -430,7 +430,7 @@ def test_a_block_longer_than_the_raw_files_is_refused_before_the_data_are_prepar
             f"bytes; the data are not prepared yet) and needs at least 3,000,001; set block_size <= {size - 1} at "
             "the very most") in problems[0]
     assert str(test) in problems[1]
-    assert shape_problems(validate_config(_wikitext_study(tmp_path, mirror, 1_000_000)), local=False) == []
+    assert shape_problems(validate_study(_wikitext_study(tmp_path, mirror, 1_000_000)), local=False) == []
 
 
 def test_the_raw_files_bound_the_prepared_token_counts(prepared):
@@ -438,7 +438,7 @@ def test_the_raw_files_bound_the_prepared_token_counts(prepared):
     (here with the test tokenizer's 256-token vocabulary: the most tokens per byte)."""
     from seqmix.data.wikitext import _raw_bounds, split_tokens
 
-    study = validate_config(prepared)
+    study = validate_study(prepared)
     spec = run_spec(study, "wikitext2", "softmax", 0)
     exact = split_tokens(spec.data_dir, spec.data, spec.tokenizer_dir)
     bounds = _raw_bounds(spec.data)
@@ -507,12 +507,12 @@ def test_a_sparsity_crop_longer_than_an_encoder_tasks_inputs_is_refused(tmp_path
     cfg["tasks"]["snli"] = {"train_file": "train_head_1024", "max_sentence_tokens": 8,
                             **{k: cfg["tasks"]["mqar"][k] for k in ("model", "train")}}
     cfg["analysis"]["sparsity"].update(tasks=["mqar"], crop_len=20)  # linformer's runs are SNLI's
-    (problem,) = shape_problems(validate_config(cfg), local=False)
+    (problem,) = shape_problems(validate_study(cfg), local=False)
     assert problem == ("config key 'analysis.sparsity.crop_len' (20) is longer than every input of task 'snli' "
                        "(at most 19 tokens): the sparsity analysis would find no held-out input to crop; set "
                        "crop_len <= 19")
     cfg["analysis"]["sparsity"]["crop_len"] = 19
-    assert shape_problems(validate_config(cfg), local=False) == []
+    assert shape_problems(validate_study(cfg), local=False) == []
 
 
 def test_an_evaluation_cap_below_one_block_is_refused_at_validation(tmp_path):
@@ -521,7 +521,7 @@ def test_an_evaluation_cap_below_one_block_is_refused_at_validation(tmp_path):
     cfg = _wikitext_study(tmp_path, None, 64)
     cfg["tasks"]["wikitext2"]["eval_max_tokens"] = 32
     with pytest.raises(ConfigError, match=r"tasks.wikitext2': eval_max_tokens \(32\) is below block_size \(64\)"):
-        validate_config(cfg)
+        validate_study(cfg)
 
 
 def test_snakemake_refuses_an_impossible_block_before_its_first_job(tmp_path, mirror):

@@ -16,10 +16,16 @@ import sys
 import pytest
 
 from seqmix import catalogue
-from seqmix.config import ConfigError, deep_merge, load_config, read_config_file, task_section_model
 from seqmix.mixers import mixer_class
-from seqmix.sections import StudyFile
-from seqmix.study import run_dir, runs
+from seqmix.study.load import (
+    ConfigError,
+    deep_merge,
+    load_study,
+    read_config_file,
+    task_section_model,
+)
+from seqmix.study.settings import StudyFile
+from seqmix.study.table import run_dir, runs
 
 from .conftest import REPO
 
@@ -54,7 +60,7 @@ def defaults_for(raw: dict) -> dict:
 
 
 def resolved(path) -> dict:
-    return load_config(path).model_dump(mode="json")
+    return load_study(path).model_dump(mode="json")
 
 
 def test_the_paper_profile_is_its_file_plus_the_defaults_key_by_key():
@@ -100,16 +106,16 @@ def test_extends_names_its_file_and_refuses_cycles(tmp_path):
     (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
     (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
     with pytest.raises(ConfigError, match="extends itself"):
-        load_config(tmp_path / "a.yaml")
+        load_study(tmp_path / "a.yaml")
     (tmp_path / "c.yaml").write_text("extends: missing.yaml\n")
     with pytest.raises(ConfigError, match=r"missing.yaml does not exist \(the path is relative"):
-        load_config(tmp_path / "c.yaml")
+        load_study(tmp_path / "c.yaml")
 
 
 def test_the_cli_reads_the_same_profile():
     out = subprocess.run([sys.executable, "-m", "seqmix", "runs", "--config", str(PAPER)], capture_output=True,
                          text=True, check=True, cwd=REPO).stdout.split()
-    study = load_config(PAPER)
+    study = load_study(PAPER)
     assert len(out) == len(runs(study)) and out[0].startswith("results/paper/runs/")
 
 
@@ -119,7 +125,7 @@ def test_the_job_table_holds_the_same_profile():
                          text=True, check=True, cwd=REPO).stdout
     table = json.loads(out)
     assert flatten(table["jobs"]["study"]) == flatten(resolved(PAPER))
-    assert {str(PAPER), str(REPO / "src" / "seqmix" / "config.py")} <= set(table["read"])
+    assert {str(PAPER), str(REPO / "src" / "seqmix" / "study" / "load.py")} <= set(table["read"])
 
 
 def test_make_paper_runs_snakemake_on_the_paper_file_alone():
@@ -152,7 +158,7 @@ def test_snakemake_passes_the_paper_profile_key_by_key(paper_dry_run):
     study, each job its own part of it, and the issue's grep of leaked quick-profile caps
     comes back empty."""
     assert not re.search(r'eval_max_tokens":32768|eval_max_examples":2000|jacobian_sequences":2[,}]', paper_dry_run)
-    study, loaded = resolved(PAPER), load_config(PAPER)
+    study, loaded = resolved(PAPER), load_study(PAPER)
     (collect,) = _json_args(paper_dry_run, "collect", "--spec")
     assert collect == {"run_dirs": [str(run_dir(loaded, r)) for r in runs(loaded)]}
     sparsity = _json_args(paper_dry_run, "sparsity", "--spec")
@@ -162,6 +168,6 @@ def test_snakemake_passes_the_paper_profile_key_by_key(paper_dry_run):
         (spec,) = _json_args(paper_dry_run, command, "--spec")
         assert (spec[section] if section else spec) == study["analysis"][section or "sparsity_analytic"], command
     specs = _json_args(paper_dry_run, "train", "--spec")
-    assert len(specs) == len(runs(load_config(PAPER)))
+    assert len(specs) == len(runs(load_study(PAPER)))
     assert {(s["task"].split("/")[0], s["arch"], s["model"]["block"]) for s in specs if s["task"] == "wikitext2"} == {
         ("wikitext2", a, catalogue.mixer_entry(a).block) for a in study["architectures"] if mixer_class(a).supports_causal}

@@ -1,6 +1,6 @@
 """The SLURM profile on a real SLURM cluster: tests/cluster/slurm-up.sh brings up slurmctld,
 slurmd, slurmdbd (MariaDB) and munge on localhost, and these tests run
-`snakemake --profile workflow/profiles/slurm` as the README's cluster section says.
+`snakemake --profile workflow/executors/slurm` as the README's cluster section says.
 
 - The tiny DAG reaches report.pdf with every job submitted through sbatch, and what each job
   asked SLURM for (cpus, memory, time limit, a GPU for training) is what its rule declares.
@@ -152,7 +152,7 @@ def expected_request(job: dict) -> dict:
 def cluster_snakemake(work: Path, env: dict, *args: str, targets=()) -> subprocess.Popen:
     """The README's command, in a scratch copy of the repository: output to snakemake.log.
     (Targets go first: --configfile and --set-resources take every word after them.)"""
-    cmd = [sys.executable, "-m", "snakemake", *targets, "--profile", "workflow/profiles/slurm", *args]
+    cmd = [sys.executable, "-m", "snakemake", *targets, "--profile", "workflow/executors/slurm", *args]
     out = open(work / "snakemake.log", "w")
     return subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
 
@@ -288,7 +288,7 @@ def test_each_job_asked_slurm_for_what_its_rule_declares(dag_run, slurm):
 def test_the_profile_sizes_no_job_itself():
     # Cpus, memory and time come from the rules; the profile holds only site settings and
     # the GPU switch for training.
-    profile = yaml.safe_load((REPO / "workflow" / "profiles" / "slurm" / "config.yaml").read_text())
+    profile = yaml.safe_load((REPO / "workflow" / "executors" / "slurm" / "config.yaml").read_text())
     assert "default-resources" not in profile and "set-threads" not in profile
     assert profile["set-resources"] == {"train": {"gpu": 1}}
     assert profile["executor"] == "slurm" and profile["retries"] >= 1 and profile["rerun-incomplete"]
@@ -299,12 +299,12 @@ KILL_SETTINGS = dict(steps=2000, checkpoint_every=50, eval_every=500, log_every=
 
 def uninterrupted(work: Path, cfg: dict) -> Path:
     """The same run trained in one go, without SLURM, in work/reference."""
-    from seqmix.config import validate_config
-    from seqmix.study import run_spec
+    from seqmix.study.load import validate_study
+    from seqmix.study.table import run_spec
 
     ref = copy.deepcopy(cfg)
     ref["results_dir"] = "reference"
-    spec = run_spec(validate_config(ref), "mqar", "softmax", 0)
+    spec = run_spec(validate_study(ref), "mqar", "softmax", 0)
     proc = subprocess.run([sys.executable, "-m", "seqmix", "train", "--quiet", "--spec", spec.model_dump_json()],
                           cwd=work, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

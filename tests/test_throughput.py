@@ -11,7 +11,7 @@ import yaml
 
 from seqmix.bench import throughput
 from seqmix.cli import main
-from seqmix.sections import ThroughputSpec
+from seqmix.study.settings import ThroughputSettings
 
 from .conftest import REPO
 
@@ -20,7 +20,7 @@ TINY = {"lengths": [8, 12], "d_model": 16, "vocab_size": 32, "tokens_per_batch":
 
 
 def test_rows_pair_every_causal_mixer_with_softmax():
-    spec = ThroughputSpec(**TINY)
+    spec = ThroughputSettings(**TINY)
     threads = torch.get_num_threads()
     rows = throughput.throughput_rows(["linear", "linformer"], spec, {}, progress=False)
     assert torch.get_num_threads() == threads, "the benchmark restores the thread count"

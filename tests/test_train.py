@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from seqmix.config import validate_config
 from seqmix.models.budget import solve_budget
-from seqmix.study import run_spec
+from seqmix.study.load import validate_study
+from seqmix.study.table import run_spec
 from seqmix.tasks import make_task
 from seqmix.train.evaluate import evaluate_run
 from seqmix.train.loop import LOG_FIELDS, train
@@ -32,7 +32,7 @@ def spec_for(prepared: dict, task: str, arch: str, root: Path, **train_overrides
     cfg = copy.deepcopy(prepared)
     cfg["results_dir"] = str(root)
     cfg["tasks"][task]["train"].update(train_overrides)
-    return run_spec(validate_config(cfg), task, arch, 0)
+    return run_spec(validate_study(cfg), task, arch, 0)
 
 
 # What the tiny config's final evaluation scores on each split: WikiText-2 stops at its cap
@@ -98,7 +98,7 @@ def test_an_uncapped_evaluation_scores_the_whole_split(request, tmp_path, task):
     cfg["results_dir"] = str(tmp_path)
     cfg["tasks"][task].pop("eval_max_tokens", None)
     cfg["tasks"][task].pop("eval_max_examples", None)
-    spec = run_spec(validate_config(cfg), task, "softmax", 0)
+    spec = run_spec(validate_study(cfg), task, "softmax", 0)
     t = make_task(spec)
     model = t.build_model(16, 1).eval()
     sizes = split_sizes(spec)
@@ -208,7 +208,7 @@ def test_the_seeds_of_a_point_share_its_data_and_differ_in_init_and_batches(prep
     # seed reads the same data directory, generated once from the task's data_seed.
     cfg = copy.deepcopy(prepared_mqar)
     cfg["results_dir"], cfg["seeds"] = str(tmp_path), [0, 1]
-    study = validate_config(cfg)
+    study = validate_study(cfg)
     specs = [run_spec(study, "mqar", "softmax", s) for s in (0, 1)]
     assert specs[0].data_dir == specs[1].data_dir and specs[0].settings == specs[1].settings
     assert specs[0].settings["data_seed"] == 1234 and specs[0].run_dir != specs[1].run_dir
@@ -281,7 +281,7 @@ def test_a_run_ends_solved_on_a_plateau_or_at_its_budget_and_says_which(request,
 def test_the_plateau_rule_compares_the_window_with_the_best_before_it():
     from types import SimpleNamespace
 
-    from seqmix.sections import PlateauRule
+    from seqmix.study.settings import PlateauRule
     from seqmix.train.loop import reached_plateau
 
     rule = PlateauRule(after=400, window=200, min_gain=0.01)
@@ -299,12 +299,12 @@ def test_the_plateau_rule_compares_the_window_with_the_best_before_it():
 
 
 def test_a_plateau_window_that_holds_no_evaluation_is_refused(prepared_mqar):
-    from seqmix.config import ConfigError
+    from seqmix.study.load import ConfigError
 
     cfg = copy.deepcopy(prepared_mqar)
     cfg["tasks"]["mqar"]["train"].update(eval_every=100, plateau={"after": 500, "window": 50, "min_gain": 0.01})
     with pytest.raises(ConfigError, match="plateau.window \\(50\\) is shorter than eval_every \\(100\\)"):
-        validate_config(cfg)
+        validate_study(cfg)
 
 
 def test_the_compiled_step_gives_the_losses_of_eager_steps(prepared_mqar, tmp_path):

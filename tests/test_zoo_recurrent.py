@@ -29,7 +29,7 @@ from seqmix.mixers.mamba import (
 from seqmix.mixers.scan import linear_scan, linear_scan_reference
 from seqmix.mixers.tssa import tssa_membership, tssa_reference
 from seqmix.models.lm import CausalLM, LMConfig
-from seqmix.sections import TrainSpec
+from seqmix.study.settings import TrainSettings
 from seqmix.train.loop import make_optimizer
 
 from .conftest import OutputSizes, skip_or_fail
@@ -553,7 +553,7 @@ def test_reference_initialisations_survive_the_lm_init():
 )
 def test_no_weight_decay_parameters_are_excluded(arch, excluded):
     model = lm(arch)
-    opt = make_optimizer(model, TrainSpec(weight_decay=0.1, lr=1e-3, betas=(0.9, 0.95)))
+    opt = make_optimizer(model, TrainSettings(weight_decay=0.1, lr=1e-3, betas=(0.9, 0.95)))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     mixer = model.blocks[0].mixer
     assert set(mixer.no_weight_decay()) == set(excluded)

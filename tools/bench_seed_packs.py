@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
-from seqmix.config import load_config
-from seqmix.spec import RunSpec
-from seqmix.study import job_table
+from seqmix.study.jobs import TrainJob
+from seqmix.study.load import load_study
+from seqmix.study.table import job_table
 from seqmix.tasks import make_task
 from seqmix.train.loop import build_for_spec, make_optimizer
 from seqmix.train.provenance import cpu_name
@@ -62,7 +62,7 @@ class DenseLoss(torch.nn.Module):
 class Case:
     """One run configuration: its step alone, and (where it vmaps) three seeds' step packed."""
 
-    def __init__(self, spec: RunSpec, pack: bool):
+    def __init__(self, spec: TrainJob, pack: bool):
         self.spec, self.task = spec, make_task(spec)
         models = [build_for_spec(spec.model_copy(update={"seed": s}), self.task)[0] for s in range(SEEDS)]
         self.alone, self.opt = models[0], make_optimizer(models[0], spec.train)
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
                    help="write the table (headed by commit and machine) between this file's markers, or as the file")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    runs = job_table(load_config(a.config))["runs"]
+    runs = job_table(load_study(a.config))["runs"]
     first_seed = {}
     for r in runs:
         first_seed.setdefault((r["task"], r["arch"]), r)
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     for (task, arch), r in first_seed.items():
         if a.archs and arch not in a.archs.split(","):
             continue
-        spec = RunSpec.model_validate_json(r["spec"])
+        spec = TrainJob.model_validate_json(r["spec"])
         spec = spec.model_copy(update={"data_dir": str(a.data / spec.group), "tokenizer_dir": str(a.data / "tokenizer")})
         cases.append(Case(spec, pack=spec.group == a.packed))
         print(f"built {task} {arch}", flush=True)

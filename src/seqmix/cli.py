@@ -18,8 +18,8 @@ import os
 import sys
 from pathlib import Path
 
-from seqmix.config import DEFAULT_CONFIG, ConfigError, load_config
-from seqmix.sections import MIRROR_ENV
+from seqmix.study.load import DEFAULT_CONFIG, ConfigError, load_study
+from seqmix.study.settings import MIRROR_ENV
 
 REFERENCE_ENV = "SEQMIX_REFERENCE_MIXERS"  # 1: plain PyTorch mixers everywhere (dispatch setting "reference")
 SYSTEM_MALLOC_ENV = "SEQMIX_SYSTEM_MALLOC"  # 1: glibc's malloc defaults (seqmix.allocator not applied)
@@ -76,15 +76,15 @@ def parse_spec(model, text: str):
 def cmd_data(args) -> int:
     from seqmix.data.tokenizer import prepare_tokenizer
     from seqmix.io import exclusive_lock, remove_stale_temps
-    from seqmix.spec import DataJob, TokenizerJob
-    from seqmix.study import data_job, tokenizer_job
+    from seqmix.study.jobs import DataJob, TokenizerJob
+    from seqmix.study.table import data_job, tokenizer_job
     from seqmix.tasks import task_class
 
     if args.name == "tokenizer":
-        job = parse_spec(TokenizerJob, args.spec) if args.spec else tokenizer_job(load_config(args.config))
+        job = parse_spec(TokenizerJob, args.spec) if args.spec else tokenizer_job(load_study(args.config))
         prepare = prepare_tokenizer
     else:
-        job = parse_spec(DataJob, args.spec) if args.spec else data_job(load_config(args.config), args.name)
+        job = parse_spec(DataJob, args.spec) if args.spec else data_job(load_study(args.config), args.name)
         prepare = task_class(job.kind).prepare
     job = job.model_copy(update={"env_mirror": os.environ.get(MIRROR_ENV) or None})
     out_dir = Path(job.out_dir)
@@ -97,16 +97,16 @@ def cmd_data(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from seqmix.spec import RunSpec
-    from seqmix.study import run_spec
+    from seqmix.study.jobs import TrainJob
+    from seqmix.study.table import run_spec
     from seqmix.train.loop import train
 
     if args.spec:
-        spec = parse_spec(RunSpec, args.spec)
+        spec = parse_spec(TrainJob, args.spec)
     elif args.task is None or args.arch is None:
         raise ConfigError("train needs --task and --arch (or --spec)")
     else:
-        spec = run_spec(load_config(args.config), args.task, args.arch, args.seed)
+        spec = run_spec(load_study(args.config), args.task, args.arch, args.seed)
     metrics = train(spec, progress=not args.quiet)
     print(json.dumps({k: metrics[k] for k in ("status", "params", "steps_completed", "best_eval")}, default=str))
     return 0
@@ -120,33 +120,33 @@ def cmd_eval(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from seqmix.study import run_dir, runs
+    from seqmix.study.table import run_dir, runs
 
-    study = load_config(args.config)
+    study = load_study(args.config)
     for run in runs(study):
         print(run_dir(study, run))
     return 0
 
 
 def cmd_where(args) -> int:
-    from seqmix.study import report_dir
+    from seqmix.study.table import report_dir
 
-    study = load_config(args.config)
+    study = load_study(args.config)
     print({"results": study.results_dir, "report": report_dir(study)}[args.what])
     return 0
 
 
 def job_of(args, model, build):
     """The job's spec: ``--spec`` as given, else built from ``--config`` by ``build``."""
-    return parse_spec(model, args.spec) if args.spec else build(load_config(args.config))
+    return parse_spec(model, args.spec) if args.spec else build(load_study(args.config))
 
 
 def cmd_jobs(args) -> int:
-    from seqmix.dag import config_files, imported_sources, sha256_of
-    from seqmix.study import job_table
+    from seqmix.study.dag import config_files, imported_sources, sha256_of
+    from seqmix.study.table import job_table
 
-    table = job_table(load_config(args.config, json.loads(args.overrides) if args.overrides else None))
-    # The files this table was made from, with digests: seqmix.dag reuses it while they hold.
+    table = job_table(load_study(args.config, json.loads(args.overrides) if args.overrides else None))
+    # The files this table was made from, with digests: seqmix.study.dag reuses it while they hold.
     read = [*config_files(args.config), *imported_sources()]
     print(json.dumps({"jobs": table, "read": {str(p): sha256_of(p) for p in read}}))
     return 0
@@ -154,8 +154,8 @@ def cmd_jobs(args) -> int:
 
 def cmd_collect(args) -> int:
     from seqmix.report.collect import collect
-    from seqmix.spec import CollectJob
-    from seqmix.study import collect_job
+    from seqmix.study.jobs import CollectJob
+    from seqmix.study.table import collect_job
 
     job = job_of(args, CollectJob, collect_job)
     breakdown = Path(args.breakdown_out or Path(args.out).with_name("breakdown.csv"))
@@ -166,8 +166,8 @@ def cmd_collect(args) -> int:
 
 def cmd_complexity(args) -> int:
     from seqmix.analysis.complexity import write_complexity
-    from seqmix.spec import ComplexityJob
-    from seqmix.study import complexity_job
+    from seqmix.study.jobs import ComplexityJob
+    from seqmix.study.table import complexity_job
 
     job = job_of(args, ComplexityJob, complexity_job)
     archs = args.arch or job.architectures
@@ -182,8 +182,8 @@ def cmd_complexity(args) -> int:
 
 def cmd_sparsity(args) -> int:
     from seqmix.analysis.sparsity import write_sparsity
-    from seqmix.spec import SparsityJob
-    from seqmix.study import sparsity_job
+    from seqmix.study.jobs import SparsityJob
+    from seqmix.study.table import sparsity_job
 
     job = job_of(args, SparsityJob, sparsity_job)
     dirs = [Path(d) for d in ([args.run] if args.run else job.run_dirs)]
@@ -211,9 +211,9 @@ def cmd_concat(args) -> int:
 def cmd_sparsity_analytic(args) -> int:
     from seqmix.analysis.su import SparsityAnalyticRow, analytic_curves
     from seqmix.io import write_rows
-    from seqmix.sections import SparsityAnalyticSpec
+    from seqmix.study.settings import SparsityAnalyticSettings
 
-    rows = analytic_curves(job_of(args, SparsityAnalyticSpec, lambda study: study.analysis.sparsity_analytic))
+    rows = analytic_curves(job_of(args, SparsityAnalyticSettings, lambda study: study.analysis.sparsity_analytic))
     write_rows(args.out, rows, SparsityAnalyticRow)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
@@ -221,8 +221,8 @@ def cmd_sparsity_analytic(args) -> int:
 
 def cmd_geometry(args) -> int:
     from seqmix.analysis.geometry import write_geometry
-    from seqmix.spec import GeometryJob
-    from seqmix.study import finished, geometry_job
+    from seqmix.study.jobs import GeometryJob
+    from seqmix.study.table import finished, geometry_job
 
     job = job_of(args, GeometryJob, geometry_job)
     n = write_geometry(finished(job.run_dirs), job.geometry, Path(args.out), threads=args.threads)
@@ -232,8 +232,8 @@ def cmd_geometry(args) -> int:
 
 def cmd_copy_probe(args) -> int:
     from seqmix.analysis.copy_probe import write_copy_probe
-    from seqmix.spec import CopyProbeJob
-    from seqmix.study import copy_probe_job
+    from seqmix.study.jobs import CopyProbeJob
+    from seqmix.study.table import copy_probe_job
 
     def build(study):
         job = copy_probe_job(study)
@@ -276,8 +276,8 @@ def cmd_bench(args) -> int:
 
 def cmd_throughput(args) -> int:
     from seqmix.bench.throughput import format_table, write_throughput
-    from seqmix.spec import ThroughputJob
-    from seqmix.study import throughput_job
+    from seqmix.study.jobs import ThroughputJob
+    from seqmix.study.table import throughput_job
 
     job = job_of(args, ThroughputJob, throughput_job)
     spec = job.throughput
@@ -297,7 +297,7 @@ def cmd_plan(args) -> int:
     from seqmix import plan, preflight
     from seqmix.io import write_csv, write_text
 
-    study = load_config(args.config)
+    study = load_study(args.config)
     local = not args.no_local_checks
     # Limits the data decide and steps beyond memory first: nothing is counted at such shapes.
     if problems := preflight.shape_problems(study, local=local):
@@ -360,14 +360,14 @@ def cmd_mixers(args) -> int:
         begin, end = mixer_table.README_MARKERS
         write_text(args.readme, splice_between(Path(args.readme).read_text(), begin, end, mixer_table.blocks_markdown()))
         return 0
-    options = load_config(args.config).mixers if args.config_options else {}
+    options = load_study(args.config).mixers if args.config_options else {}
     mixer_table.print_mixers(args.d_model, args.max_len, options)
     return 0
 
 
 def cmd_schema(args) -> int:
-    from seqmix.config import config_schema
     from seqmix.io import write_text
+    from seqmix.study.load import config_schema
 
     text = json.dumps(config_schema(), indent=2, sort_keys=True) + "\n"
     if args.out:
@@ -482,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("what", choices=["results", "report"])
 
     sp = _add(sub, "jobs", cmd_jobs, "the validated study and every job's spec as JSON, with the files read to "
-              "make it (what the Snakefile builds its rules from; seqmix.dag caches it)")
+              "make it (what the Snakefile builds its rules from; seqmix.study.dag caches it)")
     sp.add_argument("--overrides", help="config keys over the file's, as a JSON object (snakemake's --config)")
 
     _add_summaries(sub)

@@ -1,5 +1,5 @@
 """The error a bad configuration raises, low in the stack so that every layer (training
-included) can raise it without importing the config loader; ``seqmix.config`` re-exports it."""
+included) can raise it without importing the config loader; ``seqmix.study.load`` re-exports it."""
 
 
 class ConfigError(ValueError):

@@ -59,9 +59,9 @@ from seqmix import catalogue, measure
 from seqmix.errors import ConfigError
 from seqmix.measure import GIB, STATE_BYTES_PER_PARAM
 from seqmix.preflight import cost_key, solved_size, step_floor_problem
-from seqmix.sections import Study
-from seqmix.spec import RunSpec
-from seqmix.study import run_spec, task_architectures, variants
+from seqmix.study.jobs import TrainJob
+from seqmix.study.settings import Study
+from seqmix.study.table import run_spec, study_tasks, task_architectures
 from seqmix.tasks import task_class
 
 H100_BF16_PEAK = 989.4e12  # FLOP/s, H100 SXM5, dense BF16 (NVIDIA H100 Tensor Core GPU datasheet)
@@ -85,7 +85,7 @@ class StepCost:
     tokens: int  # tokens (sequence positions) in one training batch
 
 
-def measure_step(spec: RunSpec) -> StepCost:
+def measure_step(spec: TrainJob) -> StepCost:
     """One training step of ``spec``'s model at its batch size (module docstring); refused
     (ConfigError) before the model is built where the activations of the batches it is
     counted at alone would not fit this machine."""
@@ -106,7 +106,7 @@ def measure_step(spec: RunSpec) -> StepCost:
                     activations, peak, B * tokens)
 
 
-def run_cost(spec: RunSpec, step: StepCost) -> tuple[float, int]:
+def run_cost(spec: TrainJob, step: StepCost) -> tuple[float, int]:
     """(FLOPs, tokens) of one whole run: every step, and every periodic evaluation."""
     t = spec.train
     evals = t.steps // t.eval_every + (t.steps % t.eval_every != 0)
@@ -129,7 +129,7 @@ class Point:
 
     group: str
     name: str
-    spec: RunSpec
+    spec: TrainJob
     step: StepCost
     seeds: int
     measured_s: float | None = None
@@ -142,7 +142,7 @@ def study_points(study: Study, progress=None) -> list[Point]:
     """Every (sweep point, architecture) of ``study``, its step counted once per cost key."""
     cache: dict[str, StepCost] = {}
     points = []
-    for v in variants(study):
+    for v in study_tasks(study):
         for arch in task_architectures(study, v):
             spec = run_spec(study, v.name, arch, 0)
             key = cost_key(spec)

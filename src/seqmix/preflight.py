@@ -15,34 +15,34 @@ import torch
 from seqmix import measure
 from seqmix.measure import GIB
 from seqmix.models.budget import BudgetError, Size, solve_budget
-from seqmix.sections import Study
-from seqmix.spec import RunSpec
-from seqmix.study import (
+from seqmix.study.jobs import TrainJob
+from seqmix.study.settings import Study
+from seqmix.study.table import (
     complexity_architectures,
     run_spec,
     sparsity_runs,
+    study_tasks,
     task_architectures,
-    variants,
 )
 from seqmix.tasks import task_class
 
 
-def cost_key(spec: RunSpec) -> str:
+def cost_key(spec: TrainJob) -> str:
     """Runs that differ only in seed, learning rate or schedule cost the same per step."""
     return json.dumps([spec.kind, spec.arch, spec.settings, spec.model.model_dump(mode="json"),
                        spec.mixer_options, spec.train.batch_size], sort_keys=True)
 
 
-_SPECS: dict[int, tuple[Study, list[RunSpec]]] = {}
+_SPECS: dict[int, tuple[Study, list[TrainJob]]] = {}
 
 
-def cost_specs(study: Study) -> list[RunSpec]:
+def cost_specs(study: Study) -> list[TrainJob]:
     """One run spec (seed 0) per distinct per-step cost of the study, in config order (kept
     per study: every check reads them, and building them expands every sweep again)."""
     cached = _SPECS.get(id(study))
     if cached is None or cached[0] is not study:
-        specs: dict[str, RunSpec] = {}
-        for v in variants(study):
+        specs: dict[str, TrainJob] = {}
+        for v in study_tasks(study):
             for arch in task_architectures(study, v):
                 spec = run_spec(study, v.name, arch, 0)
                 specs.setdefault(cost_key(spec), spec)
@@ -53,7 +53,7 @@ def cost_specs(study: Study) -> list[RunSpec]:
 _SIZES: dict[str, Size] = {}
 
 
-def solved_size(spec: RunSpec) -> Size:
+def solved_size(spec: TrainJob) -> Size:
     """The run's size as training solves it, on the meta device (cached: the preflight and the
     plan share it)."""
     key = cost_key(spec)
@@ -83,7 +83,7 @@ def crop_problems(study: Study) -> list[str]:
     task whose inputs are all shorter has none to give it."""
     crop, problems = study.analysis.sparsity.crop_len, []
     for name in dict.fromkeys(r.task for r in sparsity_runs(study)):
-        v = next(v for v in variants(study) if v.name == name)
+        v = next(v for v in study_tasks(study) if v.name == name)
         cls = task_class(v.kind)
         if cls.is_language_model:
             continue
@@ -95,7 +95,7 @@ def crop_problems(study: Study) -> list[str]:
     return problems
 
 
-def step_floor_problem(spec: RunSpec, batch_size: int, have: float, where: str) -> str | None:
+def step_floor_problem(spec: TrainJob, batch_size: int, have: float, where: str) -> str | None:
     """A training step of ``spec`` at ``batch_size`` whose activations alone, from its shapes,
     exceed ``have`` bytes (``where``: the device, in words); None when they fit or the task
     states no sequence length. Builds no model (its width is solved on the meta device)."""
@@ -170,7 +170,7 @@ def budget_problems(study: Study) -> list[str]:
 def precision_problems(study: Study, has_gpu: bool) -> list[str]:
     if has_gpu:
         return []
-    bf16 = sorted({v.group for v in variants(study) if v.section.train.precision == "bf16"
+    bf16 = sorted({v.group for v in study_tasks(study) if v.section.train.precision == "bf16"
                    and v.section.train.device != "cuda"})
     return [f"config key 'tasks.{g}.train.precision' is bf16 but this machine has no GPU, where bf16 autocast "
             "runs many times slower than fp32: set train.precision: fp32 for a CPU run (config/paper-smoke.yaml "

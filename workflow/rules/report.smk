@@ -2,7 +2,7 @@
 # All of it lives in the study's own folder, REPORT (<results_dir>/report), so that another
 # study's report is never taken for this one's. Any figure or table is a target of its own:
 # `snakemake --cores all results/report/figures/<name>.pdf` (the quick study's).
-# The notebooks' rules come from notebooks/outputs.yaml (NOTEBOOKS: seqmix.dag.Notebook).
+# The notebooks' rules come from notebooks/outputs.yaml (NOTEBOOKS: seqmix.study.dag.Notebook).
 for _name, _nb in NOTEBOOKS.items():
 
     rule:

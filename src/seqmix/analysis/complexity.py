@@ -32,7 +32,7 @@ from seqmix.analysis.cost_fit import (  # noqa: F401 (the fit is part of this mo
 )
 from seqmix.io import columns
 from seqmix.measure import count_mixer
-from seqmix.sections import ComplexitySpec
+from seqmix.study.settings import ComplexitySettings
 from seqmix.train.provenance import device_record
 
 
@@ -131,7 +131,7 @@ def _is_oom(e: Exception) -> bool:
     return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "memory" in str(e))
 
 
-def measure_mixer(arch: str, cfg: ComplexitySpec, seq_len: int, device: torch.device, options: dict,
+def measure_mixer(arch: str, cfg: ComplexitySettings, seq_len: int, device: torch.device, options: dict,
                   timed: bool = True, fake: bool = False) -> list[ComplexityRow]:
     """The rows of one (arch, L): counts (on CPU tensors, fake ones when ``fake``), and
     ``cfg.repeats`` timings on ``device`` when ``timed``. A timing that runs out of memory
@@ -160,7 +160,7 @@ def measure_mixer(arch: str, cfg: ComplexitySpec, seq_len: int, device: torch.de
     return [{**base, "repeat": r, "fwd_ms": f, "fwdbwd_ms": fb, "status": "ok"} for r, (f, fb) in enumerate(times)]
 
 
-def run_complexity(archs: list[str], cfg: ComplexitySpec, device: torch.device, mixer_options: dict,
+def run_complexity(archs: list[str], cfg: ComplexitySettings, device: torch.device, mixer_options: dict,
                    progress: bool = True) -> list[ComplexityRow]:
     """ComplexityRows of every arch at every length of cfg.lengths (ascending). An arch is
     timed until its fastest forward+backward takes longer than cfg.max_seconds or timing runs
@@ -192,7 +192,7 @@ def run_complexity(archs: list[str], cfg: ComplexitySpec, device: torch.device, 
     return rows
 
 
-def write_complexity(archs: list[str], spec: ComplexitySpec, mixer_options: dict, out: Path, fit_out: Path,
+def write_complexity(archs: list[str], spec: ComplexitySettings, mixer_options: dict, out: Path, fit_out: Path,
                      growth_out: Path, *, device: str | None = None, threads: int | None = None,
                      progress: bool = True) -> tuple[int, int]:
     """Measure ``archs`` as ``spec`` says and write complexity.csv, complexity_fit.csv and

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from seqmix.io import write_rows
 from seqmix.mixers import dispatch
 from seqmix.models.lm import CausalLM, LMConfig
-from seqmix.spec import CopyProbeJob
+from seqmix.study.jobs import CopyProbeJob
 from seqmix.train.loop import lr_lambda, make_optimizer, resolve_device
 from seqmix.train.step import optimizer_step
 

@@ -19,7 +19,7 @@ import torch
 from seqmix.analysis.capture import capture_mixer_inputs
 from seqmix.io import columns
 from seqmix.mixers.grassmann import CausalGrassmann, pair_indices, plucker
-from seqmix.sections import GeometrySpec
+from seqmix.study.settings import GeometrySettings
 
 
 class GeometryRow(TypedDict):
@@ -213,7 +213,7 @@ def model_geometry(model: torch.nn.Module, seqs: torch.Tensor, max_quadruples: i
     return rows
 
 
-def run_geometry(run_dir: str | Path, spec: GeometrySpec) -> list[GeometryRow]:
+def run_geometry(run_dir: str | Path, spec: GeometrySettings) -> list[GeometryRow]:
     """GeometryRows of one trained run on ``spec.num_sequences`` held-out sequences."""
     from seqmix.train.evaluate import load_run
 
@@ -223,7 +223,7 @@ def run_geometry(run_dir: str | Path, spec: GeometrySpec) -> list[GeometryRow]:
     return [{**ids, **r} for r in model_geometry(model, seqs, spec.max_quadruples, spec.tssa_eps, spec.seed)]
 
 
-def write_geometry(run_dirs: list[Path], spec: GeometrySpec, out: Path, threads: int | None = None) -> int:
+def write_geometry(run_dirs: list[Path], spec: GeometrySettings, out: Path, threads: int | None = None) -> int:
     """geometry.csv of the runs among ``run_dirs`` whose mixer has a geometry to measure
     (Grassmann, TSSA); returns the row count."""
     from seqmix import mixers

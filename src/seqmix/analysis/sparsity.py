@@ -16,7 +16,7 @@ import torch
 
 from seqmix.analysis.capture import capture_mixer_inputs
 from seqmix.io import columns
-from seqmix.sections import SparsitySpec
+from seqmix.study.settings import SparsitySettings
 
 
 class SparsityRow(TypedDict):
@@ -160,7 +160,7 @@ def model_sparsity(
     return out
 
 
-def measured_sparsity(run_dir: str | Path, spec: SparsitySpec) -> list[SparsityRow]:
+def measured_sparsity(run_dir: str | Path, spec: SparsitySettings) -> list[SparsityRow]:
     """SparsityRows of one trained run on ``spec.num_sequences`` held-out inputs of its
     task (an encoder task's are cropped to ``spec.crop_len`` tokens: no padding in a row)."""
     from seqmix.train.evaluate import load_run
@@ -174,7 +174,7 @@ def measured_sparsity(run_dir: str | Path, spec: SparsitySpec) -> list[SparsityR
     return [{**ids, **r} for r in rows]
 
 
-def write_sparsity(run_dirs: list[Path], spec: SparsitySpec, out: Path, threads: int | None = None) -> int:
+def write_sparsity(run_dirs: list[Path], spec: SparsitySettings, out: Path, threads: int | None = None) -> int:
     """sparsity.csv of the finished runs among ``run_dirs`` (a diverged run has no
     attention to measure: it contributes no rows); returns the row count."""
     from seqmix.io import read_json, write_rows

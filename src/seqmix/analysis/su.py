@@ -18,7 +18,7 @@ import numpy as np
 from scipy import integrate, special
 
 from seqmix.io import columns
-from seqmix.sections import SparsityAnalyticSpec
+from seqmix.study.settings import SparsityAnalyticSettings
 
 # One row of sparsity_analytic.csv: one point of a curve. Functional syntax: ``lambda`` is a
 # Python keyword.
@@ -254,7 +254,7 @@ def _row(kernel, method, *, beta=float("nan"), gamma=float("nan"), n=float("inf"
             "lambda": lam, "d": d, "S": S, "S_se": S_se, "rows": rows}
 
 
-def analytic_curves(cfg: SparsityAnalyticSpec) -> list[SparsityAnalyticRow]:
+def analytic_curves(cfg: SparsityAnalyticSettings) -> list[SparsityAnalyticRow]:
     """Every row of sparsity_analytic.csv from the ``analysis.sparsity_analytic`` config:
     the closed forms over the β × γ grid, decay over λ × n, and finite-n Monte Carlo rows
     converging to the n → ∞ closed forms at the ``mc_points``."""

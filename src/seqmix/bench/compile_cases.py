@@ -232,7 +232,7 @@ def _span(lengths) -> str:
 def _analysis_cases(study, profile: str) -> Iterator[Case]:
     """The complexity analysis's mixers and the throughput benchmark's, fp32."""
     from seqmix import mixers as registry
-    from seqmix.study import complexity_job, throughput_job
+    from seqmix.study.table import complexity_job, throughput_job
 
     job = complexity_job(study)
     cfg = job.complexity
@@ -257,11 +257,11 @@ def _analysis_cases(study, profile: str) -> Iterator[Case]:
 
 
 def profile_cases(root: Path = REPO) -> Iterator[Case]:
-    from seqmix.config import load_config
     from seqmix.preflight import cost_specs
+    from seqmix.study.load import load_study
 
     for path in PROFILES:
-        study = load_config(root / path)
+        study = load_study(root / path)
         name = Path(path).stem
         for spec in cost_specs(study):
             yield from _run_cases(spec, name)

@@ -44,9 +44,9 @@ import torch
 from seqmix import REPO_ROOT, catalogue, plan
 from seqmix.bench import kernel_check, kernels, train_probe
 from seqmix.bench.watchdog import Case, Outcome, run_cases
-from seqmix.config import load_config
 from seqmix.io import write_csv, write_json, write_text
-from seqmix.study import groups, run_spec, task_architectures, variants
+from seqmix.study.load import load_study
+from seqmix.study.table import groups, run_spec, study_tasks, task_architectures
 from seqmix.train.provenance import git_commit, package_versions
 
 BUDGETS_S = {"kernel_check": 80, "kernels": 70, "train_probe": 90, "compiled_step": 110, "train": 70}
@@ -96,7 +96,7 @@ def _as_task(rows: list[dict]) -> list[dict]:
 
 
 def part_kernel_check(s: Setup) -> tuple[list[dict], list[str]]:
-    study = load_config(s.shapes_config)
+    study = load_study(s.shapes_config)
     d_model = 16 if s.smoke else 256
     dtypes, lengths = (["fp32"], kernel_check.SMOKE_LENGTHS) if s.smoke else (["fp32", "bf16"], kernel_check.LENGTHS)
     setting = "triton" if s.smoke else "auto"
@@ -121,9 +121,9 @@ def part_kernels(s: Setup) -> tuple[list[dict], list[str]]:
 def probe_points(s: Setup, baseline: list[dict]) -> list[tuple[str, str]]:
     """(task point, arch): the committed H100 table's points (the study's, in its order) on the
     GPU; every point of the smoke config in the smoke."""
-    study = load_config(s.shapes_config)
+    study = load_study(s.shapes_config)
     wanted = {r["task"] for r in baseline}
-    return [(v.name, arch) for v in variants(study) if s.smoke or v.name in wanted
+    return [(v.name, arch) for v in study_tasks(study) if s.smoke or v.name in wanted
             for arch in task_architectures(study, v)]
 
 
@@ -189,13 +189,13 @@ def part_train(s: Setup) -> tuple[list[dict], list[str]]:
     import shutil
 
     deadline = time.monotonic() + s.budgets["train"]
-    study = load_config(s.train_config)
+    study = load_study(s.train_config)
     for group in groups(study):
         status = _command(["data", group, "--config", s.train_config], deadline)
         if status != "ok":
             return [{"status": f"data {group}: {status}"}], []
     rows = []
-    for v in variants(study):
+    for v in study_tasks(study):
         for arch in task_architectures(study, v)[: 1 if s.smoke else None]:  # the smoke: one, for time
             for compiled in (False, True):
                 spec = run_spec(study, v.name, arch, 0)

@@ -33,8 +33,8 @@ import torch
 
 from seqmix import catalogue, mixers
 from seqmix.bench.kernels import versions
-from seqmix.config import load_config
 from seqmix.mixers import dispatch
+from seqmix.study.load import load_study
 
 FIELDS = ["arch", "form", "dtype", "L", "d_model", "batch", "setting", "kernels", "paths", "out_err", "grad_err",
           "worst_grad", "tolerance", "finite", "fast_s", "status", "device", "torch", "triton"]
@@ -98,7 +98,7 @@ def _forward_backward(mixer, x, dy, setting: str, dtype: str):
 
 @functools.cache
 def _options(config: str) -> dict:
-    return load_config(config).mixers
+    return load_study(config).mixers
 
 
 def check_case(config: str, arch: str, form: str, dtype: str, L: int, d_model: int, batch: int,

@@ -53,15 +53,15 @@ class Worker:
     def __init__(self, config: str, task: str, arch: str, seed: int, modes: list[str]):
         import torch
 
-        from seqmix.config import load_config
         from seqmix.preflight import solved_size
-        from seqmix.study import run_spec
+        from seqmix.study.load import load_study
+        from seqmix.study.table import run_spec
         from seqmix.tasks import task_class
         from seqmix.train.loop import make_optimizer
         from seqmix.train.step import optimizer_step, step_loss
 
         self.torch, self.optimizer_step = torch, optimizer_step
-        self.spec = run_spec(load_config(config), task, arch, seed)
+        self.spec = run_spec(load_study(config), task, arch, seed)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.task = task_class(self.spec.kind).without_data(self.spec)
         size = solved_size(self.spec)
@@ -210,10 +210,10 @@ class Handle:
 
 def measure(config: str, jobs: int, steps: int, window: float, budget_s: float, modes=MODES) -> list[dict]:
     """The rows of packing.csv (module docstring); what the budget left unmeasured is missing."""
-    from seqmix.config import load_config
-    from seqmix.study import runs
+    from seqmix.study.load import load_study
+    from seqmix.study.table import runs
 
-    study = load_config(config)
+    study = load_study(config)
     # seed by seed, so that K < the study's runs still measures every architecture
     order = sorted(runs(study), key=lambda r: (study.seeds.index(r.seed), study.architectures.index(r.arch)))
     every = [{"task": r.task, "arch": r.arch, "seed": r.seed} for r in order]
@@ -310,15 +310,15 @@ def predict(rows: list[dict], study, mode: str, seeds: int, slots: int, overhead
 
 
 def _variants(study) -> list:
-    from seqmix.study import variants
+    from seqmix.study.table import study_tasks
 
-    return variants(study)
+    return study_tasks(study)
 
 
 def final_eval_batches(study, v) -> int:
     """Batches of a run's final evaluation (its eval and test splits, whole or capped), from the
     prepared data's manifest; 0 where the data are not prepared."""
-    from seqmix.study import data_dir
+    from seqmix.study.table import data_dir
 
     try:
         splits = json.loads((data_dir(study, v.group) / "manifest.json").read_text())["splits"]
@@ -372,7 +372,7 @@ COMPILE_LINE = re.compile(r"^(      compile: )(true|false)( *#.*)?$", re.M)
 def apply(path: str | os.PathLike, choice: dict) -> None:
     """Write the choice's seeds and step into the config file (its one ``seeds:`` line and its
     one ``compile:`` line), and check that the file now resolves to them."""
-    from seqmix.config import load_config
+    from seqmix.study.load import load_study
 
     text = Path(path).read_text()
     if len(SEEDS_LINE.findall(text)) != 1 or len(COMPILE_LINE.findall(text)) != 1:
@@ -381,7 +381,7 @@ def apply(path: str | os.PathLike, choice: dict) -> None:
     text = SEEDS_LINE.sub(lambda m: m.group(1) + seeds + (m.group(2) or ""), text)
     text = COMPILE_LINE.sub(lambda m: m.group(1) + ("true" if choice["compile"] else "false") + (m.group(3) or ""), text)
     Path(path).write_text(text)
-    study = load_config(path)
+    study = load_study(path)
     assert study.seeds == list(choice["seeds"]) and all(
         s.train.compile == choice["compile"] for s in study.tasks.values()), f"{path} did not take the choice"
 
@@ -408,10 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         serve(json.loads(args.worker))
         return 0
-    from seqmix.config import load_config
     from seqmix.io import write_csv, write_json
+    from seqmix.study.load import load_study
 
-    study = load_config(args.config)
+    study = load_study(args.config)
     if len(_variants(study)) != 1:
         p.error(f"{args.config}: the prediction is for a study of one task (the headline); this one has "
                 f"{', '.join(v.name for v in _variants(study))}")

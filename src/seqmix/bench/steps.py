@@ -56,12 +56,12 @@ def _this_checkouts_counter():
 
 def _build(point: str, arch: str):
     import seqmix
-    from seqmix.config import load_config
     from seqmix.preflight import solved_size
-    from seqmix.study import run_spec
+    from seqmix.study.load import load_study
+    from seqmix.study.table import run_spec
     from seqmix.tasks import task_class
 
-    spec = run_spec(load_config(Path(seqmix.REPO_ROOT) / "config" / "paper.yaml"), point, arch, 0)
+    spec = run_spec(load_study(Path(seqmix.REPO_ROOT) / "config" / "paper.yaml"), point, arch, 0)
     task = task_class(spec.kind).without_data(spec)
     size = solved_size(spec)
     torch.manual_seed(0)

@@ -47,7 +47,7 @@ from seqmix import catalogue, mixers
 from seqmix.io import write_csv
 from seqmix.mixers import dispatch
 from seqmix.models.lm import CausalLM, LMConfig
-from seqmix.sections import ThroughputSpec
+from seqmix.study.settings import ThroughputSettings
 from seqmix.train.loop import resolve_device
 from seqmix.train.provenance import device_record
 
@@ -64,7 +64,7 @@ def causal_architectures(archs: list[str]) -> list[str]:
     return [BASELINE] + [a for a in causal if a in chosen and a != BASELINE]
 
 
-def training_step(arch: str, seq_len: int, spec: ThroughputSpec, options: dict,
+def training_step(arch: str, seq_len: int, spec: ThroughputSettings, options: dict,
                   device: torch.device) -> tuple[Callable[[], None], int, int]:
     """A closure running one training step of ``arch``'s LM on a fixed random batch, the
     batch size and the parameter count. Seeded, so every run times the same model."""
@@ -100,7 +100,7 @@ def _seconds(step: Callable[[], None], n: int, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def measure_rounds(archs: list[str], spec: ThroughputSpec, mixer_options: dict, device: torch.device,
+def measure_rounds(archs: list[str], spec: ThroughputSettings, mixer_options: dict, device: torch.device,
                    progress: bool = True) -> tuple[dict, dict, dict]:
     """Seconds of ``spec.steps`` steps per (arch, L) in every round, interleaved: round r times
     every (L, arch) once before round r + 1 starts. Returns ({(arch, L): [s, …]}, {(arch, L):
@@ -127,7 +127,7 @@ def measure_rounds(archs: list[str], spec: ThroughputSpec, mixer_options: dict, 
     return seconds, shapes, paths
 
 
-def throughput_rows(archs: list[str], spec: ThroughputSpec, mixer_options: dict,
+def throughput_rows(archs: list[str], spec: ThroughputSettings, mixer_options: dict,
                     progress: bool = True) -> list[dict]:
     """One row per (arch, L) as the module docstring describes."""
     device = resolve_device(spec.device, "analysis.throughput.device")
@@ -177,7 +177,7 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_throughput(archs: list[str], spec: ThroughputSpec, mixer_options: dict, out,
+def write_throughput(archs: list[str], spec: ThroughputSettings, mixer_options: dict, out,
                      progress: bool = True) -> list[dict]:
     rows = throughput_rows(archs, spec, mixer_options, progress)
     write_csv(out, rows, FIELDS)

@@ -27,12 +27,12 @@ import time
 
 import torch
 
-from seqmix.config import load_config
 from seqmix.measure import GIB
 from seqmix.mixers import dispatch
 from seqmix.plan import measure_step
 from seqmix.preflight import solved_size
-from seqmix.study import run_spec, variant
+from seqmix.study.load import load_study
+from seqmix.study.table import run_spec, study_task
 from seqmix.tasks import task_class
 from seqmix.train.loop import make_optimizer
 from seqmix.train.step import StepLoss, optimizer_step
@@ -53,7 +53,7 @@ def peak_bf16(device_name: str) -> float | None:
 
 @functools.cache
 def _study(config: str):
-    return load_config(config)
+    return load_study(config)
 
 
 def _device() -> torch.device:
@@ -100,7 +100,7 @@ def probe_case(config: str, point: str, arch: str, steps: int = 13, timed: int =
     flops = measure_step(spec).train_flops
     peak = peak_bf16(name) if device.type == "cuda" else None
     tokens = int(run["batch"][0].numel())
-    v = variant(study, point)
+    v = study_task(study, point)
     return [{"task": point, "arch": arch, "status": "ok", "precision": spec.train.precision,
              "d_model": run["size"].d_model, "params": run["size"].params, "batch": spec.train.batch_size,
              "step_ms": round(step_s * 1e3, 2), "tok_per_s": round(tokens / step_s),

@@ -12,7 +12,7 @@ from seqmix.data.manifest import write_manifest
 from seqmix.data.sources import RAW_FILES, SNLI_LABELS, load_snli, resolve_source
 from seqmix.data.tokenizer import load_tokenizer, tokenizer_record
 from seqmix.io import atomic_file
-from seqmix.sections import DataSpec
+from seqmix.study.settings import DataSettings
 
 SPLITS = ("train", "validation", "test")
 
@@ -24,7 +24,7 @@ def _encode(tok, texts: list[str], max_tokens: int) -> tuple[np.ndarray, np.ndar
     return flat, np.concatenate([[0], np.cumsum(lengths)])
 
 
-def prepare_snli(data: DataSpec, train_file: str, max_sentence_tokens: int, out_dir: str | Path,
+def prepare_snli(data: DataSettings, train_file: str, max_sentence_tokens: int, out_dir: str | Path,
                  tokenizer_dir: str | Path, env_mirror: str | None = None) -> dict:
     """``<split>.npz`` (token ids and offsets of premises and hypotheses, labels) with
     their manifest; returns its info. ``env_mirror``: as for ``resolve_source``."""

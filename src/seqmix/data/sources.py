@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from seqmix.data.manifest import DataError, check_sha256
-from seqmix.sections import MIRROR_ENV, DataSpec
+from seqmix.study.settings import MIRROR_ENV, DataSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Source:
         return f"local mirror {self.mirror}" if self.kind == "mirror" else "Hugging Face hub"
 
 
-def resolve_source(data: DataSpec, env_mirror: str | None = None) -> Source:
+def resolve_source(data: DataSettings, env_mirror: str | None = None) -> Source:
     """The configured source: ``data.mirror`` (else ``env_mirror``, $SEQMIX_DATA_MIRROR as the
     CLI read it) or the hub."""
     mirror = data.mirror or env_mirror or None

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from seqmix.data.manifest import DataError, read_manifest, sha256_file, write_manifest
 from seqmix.data.sources import Source, load_wikitext2, resolve_source
 from seqmix.io import atomic_path
-from seqmix.spec import TokenizerJob
+from seqmix.study.jobs import TokenizerJob
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TOKENIZER_FILE = "tokenizer.json"

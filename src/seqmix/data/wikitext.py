@@ -21,10 +21,10 @@ from seqmix.data.sources import (
 )
 from seqmix.data.tokenizer import TOKENIZER_FILE, load_tokenizer, tokenizer_record
 from seqmix.io import FileError, atomic_file, read_json
-from seqmix.sections import DataSpec
+from seqmix.study.settings import DataSettings
 
 
-def prepare_wikitext2(data: DataSpec, out_dir: str | Path, tokenizer_dir: str | Path,
+def prepare_wikitext2(data: DataSettings, out_dir: str | Path, tokenizer_dir: str | Path,
                       env_mirror: str | None = None) -> dict:
     """``<split>.npy`` token streams of every split with their manifest; returns its info.
     ``env_mirror``: $SEQMIX_DATA_MIRROR as the CLI read it (``resolve_source``)."""
@@ -72,7 +72,7 @@ def manifest_tokens(manifest: dict, path: str | Path) -> dict[str, SplitTokens]:
     return {split: SplitTokens(int(info["tokens"]), True, str(path)) for split, info in manifest["splits"].items()}
 
 
-def split_tokens(data_dir: str | Path, data: DataSpec, tokenizer_dir: str | Path) -> dict[str, SplitTokens]:
+def split_tokens(data_dir: str | Path, data: DataSettings, tokenizer_dir: str | Path) -> dict[str, SplitTokens]:
     """Token counts of the splits from cheap metadata, nothing tokenised: the manifest's
     (exact) where the data were prepared with the tokenizer now in ``tokenizer_dir``, else
     the byte size of each raw file of the mirror, an upper bound: a WordPiece token covers at
@@ -97,7 +97,7 @@ def _prepared(data_dir: Path, tokenizer_dir: Path) -> dict[str, SplitTokens]:
         return {}  # not a manifest these counts can come from: the data job rewrites it
 
 
-def _raw_bounds(data: DataSpec) -> dict[str, SplitTokens]:
+def _raw_bounds(data: DataSettings) -> dict[str, SplitTokens]:
     try:
         source = resolve_source(data)
         if source.kind != "mirror":

@@ -161,7 +161,7 @@ def build_blocks(
 ) -> nn.ModuleList:
     if block not in catalogue.BLOCKS:
         raise ValueError(f"unknown block {block!r} for {arch!r}; blocks: {', '.join(catalogue.BLOCKS)} "
-                         "(resolve model.block 'native' with ModelSpec.block_for first)")
+                         "(resolve model.block 'native' with ModelSettings.block_for first)")
     d_ff = int(round(d_ff_mult * d_model))
     return nn.ModuleList(
         Block(

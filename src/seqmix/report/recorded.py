@@ -58,10 +58,10 @@ def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
     has not finished training and evaluation, before copying anything. ``commit``: the
     commit the runs were made at, for runs whose provenance has none (a checkout copied to
     another machine without its .git); it never overrides one they have."""
-    from seqmix.config import load_config
-    from seqmix.study import run_dir, runs
+    from seqmix.study.load import load_study
+    from seqmix.study.table import run_dir, runs
 
-    study = load_config(config)
+    study = load_study(config)
     dirs = {f"{r.task}/{r.arch}/seed{r.seed}": run_dir(study, r) for r in runs(study)}
     for name, d in dirs.items():
         if missing := [f for f in RUN_FILES if not (d / f).is_file()]:
@@ -161,8 +161,8 @@ class Headline:
     """The headline study's run specs, resolved from its config once (or why they cannot be)."""
 
     def __init__(self, config: str | os.PathLike):
-        from seqmix.config import ConfigError, load_config
-        from seqmix.study import runs
+        from seqmix.study.load import ConfigError, load_study
+        from seqmix.study.table import runs
 
         self.config, self.name = Path(config), shown(Path(config))
         self.study, self.problem, self.runs = None, None, {}
@@ -170,7 +170,7 @@ class Headline:
             self.problem = f"the headline study's config {self.name} does not exist in this checkout"
             return
         try:
-            self.study = load_config(self.config)
+            self.study = load_study(self.config)
         except ConfigError as e:
             self.problem = f"the headline study's config {self.name} is not valid ({e})"
             return
@@ -179,7 +179,7 @@ class Headline:
     def refusal(self, run_dir: Path) -> str | None:
         """Why the recorded run in ``run_dir`` is not a run of the headline study as its config
         resolves now (None: it is)."""
-        from seqmix.study import run_spec
+        from seqmix.study.table import run_spec
 
         if self.problem:
             return f"{self.problem}; restore it or record again"

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 import torch
 
 from seqmix.data.manifest import read_manifest
-from seqmix.sections import TaskSettings
-from seqmix.spec import DataJob, RunSpec
+from seqmix.study.jobs import DataJob, TrainJob
+from seqmix.study.settings import TaskSettings
 
 
 def batch_generator(seed: int, step: int) -> torch.Generator:
@@ -54,7 +54,7 @@ class Task:
 
     # -- one run ----------------------------------------------------------------------------
 
-    def __init__(self, spec: RunSpec):
+    def __init__(self, spec: TrainJob):
         self.spec = spec
         self.settings = self.Settings.model_validate(spec.settings)
         self.data_dir = Path(spec.data_dir)
@@ -69,7 +69,7 @@ class Task:
     # -- a run's shapes without its data (python -m seqmix plan) -------------------------
 
     @classmethod
-    def without_data(cls, spec: RunSpec) -> Task:
+    def without_data(cls, spec: TrainJob) -> Task:
         """The task of ``spec`` before any data exist: it builds the run's model and
         ``example_batch``es of its training shapes (the cost plan), nothing else."""
         task = cls.__new__(cls)
@@ -97,7 +97,7 @@ class Task:
     # -- limits the data decide, before any job (seqmix.preflight) --------------------------
 
     @classmethod
-    def limit_problems(cls, spec: RunSpec) -> list[str]:
+    def limit_problems(cls, spec: TrainJob) -> list[str]:
         """What ``check_data`` would refuse, found before the first job from cheap metadata:
         the prepared data's manifest where it exists, else a bound from the raw files. One
         line per problem, naming the config key and the fix; [] where none is known (the

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from seqmix.models.lm import CausalLM, LMConfig
-from seqmix.spec import RunSpec
+from seqmix.study.jobs import TrainJob
 
 
-def causal_lm(spec: RunSpec, vocab_size: int, max_len: int, d_model: int, n_layers: int,
+def causal_lm(spec: TrainJob, vocab_size: int, max_len: int, d_model: int, n_layers: int,
               d_ff_mult: float | None = None) -> CausalLM:
     m = spec.model
     return CausalLM(LMConfig(

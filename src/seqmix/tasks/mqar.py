@@ -13,8 +13,8 @@ from pydantic import Field, model_validator
 
 from seqmix.data.manifest import MANIFEST, DataError
 from seqmix.data.mqar import multiquery_ar, prepare_mqar
-from seqmix.sections import TaskSettings
-from seqmix.spec import DataJob
+from seqmix.study.jobs import DataJob
+from seqmix.study.settings import TaskSettings
 from seqmix.tasks.base import Task, batch_generator
 from seqmix.tasks.lm import causal_lm
 

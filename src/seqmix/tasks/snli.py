@@ -13,8 +13,8 @@ from pydantic import Field
 from seqmix.data.manifest import read_manifest
 from seqmix.data.snli import prepare_snli
 from seqmix.models.classifier import ClassifierConfig, PairClassifier
-from seqmix.sections import TaskSettings
-from seqmix.spec import DataJob
+from seqmix.study.jobs import DataJob
+from seqmix.study.settings import TaskSettings
 from seqmix.tasks.base import Task, batch_generator
 
 

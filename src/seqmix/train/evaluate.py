@@ -14,7 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from seqmix.io import FileError, read_json, write_json
-from seqmix.spec import RunSpec
+from seqmix.study.jobs import TrainJob
 from seqmix.tasks import make_task
 from seqmix.tasks.base import Task
 from seqmix.train import checkpoint
@@ -26,17 +26,17 @@ def retrain_fix(run_dir: str | Path) -> str:
             "with its spec")
 
 
-def run_spec_of(run_dir: str | Path) -> RunSpec:
+def run_spec_of(run_dir: str | Path) -> TrainJob:
     """The spec a run directory was trained with (its config.json)."""
     path = Path(run_dir) / "config.json"
     recorded = read_json(path, fix=retrain_fix(run_dir))
     try:
-        return RunSpec.model_validate({k: v for k, v in recorded.items() if k in RunSpec.model_fields})
+        return TrainJob.model_validate({k: v for k, v in recorded.items() if k in TrainJob.model_fields})
     except (ValidationError, AttributeError) as e:
         raise FileError(f"{path} is not a run's config ({str(e).splitlines()[0]}); {retrain_fix(run_dir)}") from None
 
 
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Task, RunSpec]:
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Task, TrainJob]:
     """The trained model of a run directory, its task and its spec."""
     run_dir = Path(run_dir)
     spec = run_spec_of(run_dir)

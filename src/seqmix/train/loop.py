@@ -40,8 +40,8 @@ from seqmix.measure import GIB
 from seqmix.mixers import dispatch
 from seqmix.models.blocks import stack_reach
 from seqmix.models.budget import solve_budget
-from seqmix.sections import TrainSpec
-from seqmix.spec import RunSpec
+from seqmix.study.jobs import TrainJob
+from seqmix.study.settings import TrainSettings
 from seqmix.tasks import make_task
 from seqmix.tasks.base import Task
 from seqmix.train import checkpoint
@@ -66,7 +66,7 @@ def resolve_device(name: str, key: str = "train.device") -> torch.device:
     return torch.device(name)
 
 
-def check_precision(train: TrainSpec, device: torch.device) -> None:
+def check_precision(train: TrainSettings, device: torch.device) -> None:
     """bf16 autocast on a CPU is refused before step 1: it runs many times slower than fp32
     there (the paper profile's bf16 is meant for a GPU)."""
     if train.precision == "bf16" and device.type == "cpu":
@@ -93,12 +93,12 @@ def memory_problem(task: Task, model: torch.nn.Module, batch_size: int, device: 
             "(python -m seqmix plan shows every run's)")
 
 
-def spec_hash(spec: RunSpec) -> str:
+def spec_hash(spec: TrainJob) -> str:
     """Identity of a run's settings; a checkpoint from other settings is not resumed."""
     return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
 
 
-def lr_lambda(train: TrainSpec):
+def lr_lambda(train: TrainSettings):
     warmup, total, floor = train.warmup_steps, train.steps, train.min_lr_ratio
 
     def f(step: int) -> float:
@@ -110,7 +110,7 @@ def lr_lambda(train: TrainSpec):
     return f
 
 
-def make_optimizer(model: torch.nn.Module, train: TrainSpec) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, train: TrainSettings) -> torch.optim.AdamW:
     """AdamW over the model's parameters; fused (one kernel for every update) under
     ``train.compile``."""
     # Decay matrices only (nanoGPT): not biases, norms, embeddings' positions, nor the
@@ -129,7 +129,7 @@ def make_optimizer(model: torch.nn.Module, train: TrainSpec) -> torch.optim.Adam
     return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas), fused=train.compile or None)
 
 
-def build_for_spec(spec: RunSpec, task: Task) -> tuple[torch.nn.Module, dict]:
+def build_for_spec(spec: TrainJob, task: Task) -> tuple[torch.nn.Module, dict]:
     """The model of a run, sized by its budget; returns (model, size record)."""
     m = spec.model
     size = solve_budget(task.build_model, d_model=m.d_model, n_layers=m.n_layers, d_ff_mult=m.d_ff_mult,
@@ -161,7 +161,7 @@ class Progress:
 class Run:
     """A training run in progress."""
 
-    spec: RunSpec
+    spec: TrainJob
     task: Task
     model: torch.nn.Module
     opt: torch.optim.Optimizer
@@ -179,7 +179,7 @@ class Run:
         return Path(self.spec.run_dir)
 
 
-def start(spec: RunSpec) -> Run:
+def start(spec: TrainJob) -> Run:
     """Build the task, model and optimiser; resume from the run's checkpoint when it was
     written with these settings, else start from the seed. The caller holds the lock."""
     run_dir = Path(spec.run_dir)
@@ -318,7 +318,7 @@ def save_checkpoint(run: Run) -> None:
     }, run.run_dir / CHECKPOINT)
 
 
-def train(spec: RunSpec, progress: bool = True) -> dict:
+def train(spec: TrainJob, progress: bool = True) -> dict:
     """Train one run to its end (or its divergence) and write its results; the run
     directory is this process's until then."""
     run_dir = Path(spec.run_dir)

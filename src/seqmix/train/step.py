@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from seqmix.sections import TrainSpec
+from seqmix.study.settings import TrainSettings
 from seqmix.tasks.base import Task
 
 
@@ -100,7 +100,7 @@ class StepLoss:
                 "torch": torch.__version__}
 
 
-def step_loss(task: Task, model: torch.nn.Module, device: torch.device, train: TrainSpec) -> StepLoss:
+def step_loss(task: Task, model: torch.nn.Module, device: torch.device, train: TrainSettings) -> StepLoss:
     """The loss function of a run's training steps under ``train``'s precision and ``compile``."""
     return StepLoss(task, model, device, train.precision, compiled=train.compile)
 

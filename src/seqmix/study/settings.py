@@ -2,7 +2,7 @@
 means, its type, its bounds and its default, in one place.
 
 A task kind's own settings are a ``TaskSettings`` subclass on its Task class (seqmix/tasks/),
-a mixer's options the ``Options`` dataclass of its module (seqmix/mixers/); seqmix.config
+a mixer's options the ``Options`` dataclass of its module (seqmix/mixers/); seqmix.study.load
 puts them together and validates a config file against the whole.
 """
 
@@ -80,7 +80,7 @@ def _per_architecture(v, key: str, what: str, choices: tuple[str, ...]):
 POSITIONS = ("learned", "none")
 
 
-class ModelSpec(Section):
+class ModelSettings(Section):
     d_model: int = Field(256, ge=1)
     n_layers: int = Field(6, ge=1)
     d_ff_mult: float = Field(4.0, ge=0, description="feed-forward width as a multiple of d_model; 0 = no feed-forward (zoology MQAR)")
@@ -134,7 +134,7 @@ class PlateauRule(Section):
     min_gain: float = Field(..., ge=0, description="stop when the best periodic evaluation of the last `window` steps beats the best before them by less than this (in the task metric's units)")
 
 
-class TrainSpec(Section):
+class TrainSettings(Section):
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(1.0e-3, gt=0)
@@ -175,7 +175,7 @@ class TrainSpec(Section):
         return self
 
 
-class DataSpec(Section):
+class DataSettings(Section):
     dir: str = Field("data", description="where prepared data is written (no {, }, <, > or leading ~: Snakemake builds its paths from it)",
                      json_schema_extra=WORKFLOW_PATH_PATTERN)
     mirror: str | None = Field(None, description=f"local directory with the raw files (wikitext-2-raw/, snli/, SHA256SUMS: README, The data mirror); {MIRROR_ENV} is used when this is null")
@@ -184,7 +184,7 @@ class DataSpec(Section):
     _dir_works = field_validator("dir")(workflow_path)
 
 
-class TokenizerSpec(Section):
+class TokenizerSettings(Section):
     kind: Literal["auto", "pretrained", "trained"] = Field("auto", description="auto = bert-base-uncased from the hub when the data come from the hub, else WordPiece trained on the WikiText-2 training split")
     pretrained_name: str = "bert-base-uncased"
     vocab_size: int = Field(30522, ge=128)
@@ -218,8 +218,8 @@ class TaskSettings(Section):
 class TaskCommon(Section):
     """What every task section has besides its kind's settings."""
 
-    model: ModelSpec = ModelSpec()
-    train: TrainSpec = TrainSpec()
+    model: ModelSettings = ModelSettings()
+    train: TrainSettings = TrainSettings()
     seeds: list[int] | dict[str, list[int]] | None = Field(
         None, description="this task's seeds; null = the study's; or per architecture {<arch>: [0, 1, 2], "
                           "default: [0]} (unlisted: default, else the study's)")
@@ -259,7 +259,7 @@ class TaskCommon(Section):
 # ------------------------------------------------------------------------------------------
 
 
-class ComplexitySpec(Section):
+class ComplexitySettings(Section):
     """Cost vs sequence length (analysis/complexity.py): counts at every length, wall time
     until a mixer's fastest forward+backward takes max_seconds."""
 
@@ -277,7 +277,7 @@ class ComplexitySpec(Section):
     fit_longest: int = Field(3, ge=3, description="fit each log-log exponent over this many of the longest lengths at which it was measured")
 
 
-class SparsitySpec(Section):
+class SparsitySettings(Section):
     tasks: list[str] | None = Field(None, description="tasks whose runs are measured (a swept task: all its points, or name one point); null = the study's first language-model task")
     fallback_task: str | None = Field("auto", description="architectures with no run on tasks (non-causal-only mixers) are measured on their runs of this task; auto = the first task that has them; null = left out")
     crop_len: int = Field(32, ge=2, description="held-out inputs of encoder (non-causal) tasks with at least this many tokens, cropped to it (no padding in the rows)")
@@ -290,7 +290,7 @@ class SparsitySpec(Section):
     jacobian_positions: int | None = Field(None, ge=1, description="query positions per sequence whose Jacobian rows are computed, spread evenly; null = every kept position")
 
 
-class SparsityAnalyticSpec(Section):
+class SparsityAnalyticSettings(Section):
     """Grids of the closed-form curves (analysis/su.py)."""
 
     beta_range: tuple[float, float] = Field((-3.0, 3.0), description="β = q·μ grid ends")
@@ -306,7 +306,7 @@ class SparsityAnalyticSpec(Section):
     seed: int = Field(0, ge=0)
 
 
-class GeometrySpec(Section):
+class GeometrySettings(Section):
     """Grassmann Plücker/plane geometry and TSSA compression term of trained runs."""
 
     task: str | None = Field(None, description="task whose runs are measured; null = the study's first language-model task")
@@ -317,7 +317,7 @@ class GeometrySpec(Section):
     seed: int = Field(0, ge=0)
 
 
-class CopyProbeSpec(Section):
+class CopyProbeSettings(Section):
     """Can each mixer copy the previous token? A fresh causal LM per architecture, built as
     an MQAR task builds its models, trained to predict token t-1 at position t of uniform
     random tokens (analysis/copy_probe.py)."""
@@ -336,7 +336,7 @@ class CopyProbeSpec(Section):
         None, description="mixers to probe (causal ones); null = the study's architectures that have a causal form")
 
 
-class ThroughputSpec(Section):
+class ThroughputSettings(Section):
     """Training tokens/s of every causal mixer's LM beside softmax (seqmix/bench/throughput.py)."""
 
     lengths: list[int] = Field([64, 1024], min_length=1, description="sequence lengths L")
@@ -357,21 +357,21 @@ class ThroughputSpec(Section):
         None, description="mixers to time (their causal ones; softmax is always added): null = the study's architectures, all = every catalogued mixer")
 
 
-class AnalysisSpec(Section):
-    complexity: ComplexitySpec = ComplexitySpec()
-    sparsity: SparsitySpec = SparsitySpec()
-    sparsity_analytic: SparsityAnalyticSpec = SparsityAnalyticSpec()
-    geometry: GeometrySpec = GeometrySpec()
-    copy_probe: CopyProbeSpec = CopyProbeSpec()
-    throughput: ThroughputSpec = ThroughputSpec()
+class AnalysisSettings(Section):
+    complexity: ComplexitySettings = ComplexitySettings()
+    sparsity: SparsitySettings = SparsitySettings()
+    sparsity_analytic: SparsityAnalyticSettings = SparsityAnalyticSettings()
+    geometry: GeometrySettings = GeometrySettings()
+    copy_probe: CopyProbeSettings = CopyProbeSettings()
+    throughput: ThroughputSettings = ThroughputSettings()
 
 
-class ReportSpec(Section):
+class ReportSettings(Section):
     title: str = "Is softmax attention what sequence models need?"
     scope: str = Field("", description="plain text the report's Setup section prints about this profile: what it measures, what it leaves out and why")
 
 
-class ResourcesSpec(Section):
+class ResourcesSettings(Section):
     """Per rule; defaults sized for the quick profile's CPU jobs (peak RSS measured there
     stays under half of each), ``python -m seqmix plan`` estimates a profile's, and every
     job's measured time and peak memory land in <results_dir>/benchmarks/."""
@@ -396,15 +396,15 @@ class StudyFile(Section):
     profile: str = Field("quick", description="name of this study, written into every result")
     results_dir: str = Field("results", description="where runs, analyses and logs are written (no {, }, <, > or leading ~: Snakemake builds its paths from it)",
                              json_schema_extra=WORKFLOW_PATH_PATTERN)
-    data: DataSpec = DataSpec()
-    tokenizer: TokenizerSpec = TokenizerSpec()
+    data: DataSettings = DataSettings()
+    tokenizer: TokenizerSettings = TokenizerSettings()
     architectures: list[ArchName] = Field(min_length=1)  # type: ignore[valid-type]
     seeds: list[int] = Field(min_length=1)
-    tasks: dict[str, dict[str, Any]] = Field(min_length=1, description="task name (<kind> or <kind>/<variant>) -> its section")
+    tasks: dict[str, dict[str, Any]] = Field(min_length=1, description="task name (<kind> or <kind>/<label>) -> its section")
     mixers: dict[ArchName, dict[str, Any]] = Field(default_factory=dict, description="per-architecture options, e.g. {grassmann: {rank: 32}}")  # type: ignore[valid-type]
-    analysis: AnalysisSpec = AnalysisSpec()
-    report: ReportSpec = ReportSpec()
-    resources: ResourcesSpec = ResourcesSpec()
+    analysis: AnalysisSettings = AnalysisSettings()
+    report: ReportSettings = ReportSettings()
+    resources: ResourcesSettings = ResourcesSettings()
 
     _results_dir_works = field_validator("results_dir")(workflow_path)
 

@@ -1,10 +1,10 @@
 """What one job receives: the typed spec of a training run, a data preparation or an
-analysis, built once from the validated study (seqmix.study) and passed to the job as JSON.
+analysis, built once from the validated study (seqmix.study.table) and passed to the job as JSON.
 Each spec holds what its job reads and nothing else, so that editing one part of a study
 reruns only the jobs that read it (Snakemake reruns a job whose params changed).
 
 Downstream code reads attributes (``spec.train.lr``), never ``.get(key, default)``: every
-default was filled when the config was validated (seqmix.config). A task's own settings
+default was filled when the config was validated (seqmix.study.load). A task's own settings
 travel as the validated mapping and are typed by the task itself (``Task.settings``).
 """
 
@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqmix.sections import (
-    ComplexitySpec,
-    CopyProbeSpec,
-    DataSpec,
-    GeometrySpec,
-    ModelSpec,
+from seqmix.study.settings import (
+    ComplexitySettings,
+    CopyProbeSettings,
+    DataSettings,
+    GeometrySettings,
+    ModelSettings,
     Section,
-    SparsitySpec,
-    ThroughputSpec,
-    TokenizerSpec,
-    TrainSpec,
+    SparsitySettings,
+    ThroughputSettings,
+    TokenizerSettings,
+    TrainSettings,
 )
 
 
@@ -30,8 +30,8 @@ class TokenizerJob(Section):
     """Preparing the shared tokenizer (data/tokenizer/)."""
 
     out_dir: str
-    data: DataSpec
-    tokenizer: TokenizerSpec
+    data: DataSettings
+    tokenizer: TokenizerSettings
     env_mirror: str | None = None  # $SEQMIX_DATA_MIRROR, filled in by the CLI (used when data.mirror is null)
 
 
@@ -42,18 +42,18 @@ class DataJob(Section):
     group: str
     out_dir: str
     tokenizer_dir: str
-    data: DataSpec
-    tokenizer: TokenizerSpec
+    data: DataSettings
+    tokenizer: TokenizerSettings
     settings: dict[str, Any]
     env_mirror: str | None = None  # as for TokenizerJob
 
 
-class RunSpec(Section):
+class TrainJob(Section):
     """Everything one training run needs, and nothing else (so that a change to another
     task's settings does not invalidate this run)."""
 
     profile: str
-    task: str  # the task's name: <kind>[/<variant>][/<sweep point>]
+    task: str  # the task's name: <kind>[/<label>][/<sweep point>]
     kind: str
     group: str  # the task before its sweep point; runs of one sweep share its data
     axes: dict[str, Any]  # the sweep's settings at this point ({} outside a sweep)
@@ -62,10 +62,10 @@ class RunSpec(Section):
     run_dir: str
     data_dir: str
     tokenizer_dir: str
-    data: DataSpec
-    tokenizer: TokenizerSpec
-    model: ModelSpec
-    train: TrainSpec
+    data: DataSettings
+    tokenizer: TokenizerSettings
+    model: ModelSettings
+    train: TrainSettings
     settings: dict[str, Any]
     mixer_options: dict[str, Any]
 
@@ -85,7 +85,7 @@ class ComplexityJob(Section):
 
     architectures: list[str]
     mixers: dict[str, dict[str, Any]]  # options of those of ``architectures`` the config sets
-    complexity: ComplexitySpec
+    complexity: ComplexitySettings
 
 
 class ThroughputJob(Section):
@@ -93,14 +93,14 @@ class ThroughputJob(Section):
 
     architectures: list[str]
     mixers: dict[str, dict[str, Any]]  # options of those architectures and softmax, where set
-    throughput: ThroughputSpec
+    throughput: ThroughputSettings
 
 
 class SparsityJob(Section):
     """Su's sparsity of these runs (those that finished; a diverged run adds no rows)."""
 
     run_dirs: list[str]
-    sparsity: SparsitySpec
+    sparsity: SparsitySettings
 
 
 class CopyProbeJob(Section):
@@ -110,14 +110,14 @@ class CopyProbeJob(Section):
 
     task: str
     architectures: list[str]
-    model: ModelSpec
+    model: ModelSettings
     mixers: dict[str, dict[str, Any]]
-    train: TrainSpec
-    copy_probe: CopyProbeSpec
+    train: TrainSettings
+    copy_probe: CopyProbeSettings
 
 
 class GeometryJob(Section):
     """Geometry of the finished runs among these whose mixer has one (Grassmann, TSSA)."""
 
     run_dirs: list[str]
-    geometry: GeometrySpec
+    geometry: GeometrySettings

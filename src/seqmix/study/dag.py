@@ -1,7 +1,7 @@
 """The study as the Snakefile sees it, without importing torch.
 
 ``load`` returns the job table of `python -m seqmix jobs` (the validated study, every job's
-spec, the path patterns and each rule's resources: ``seqmix.study.job_table``). The table is
+spec, the path patterns and each rule's resources: ``seqmix.study.table.job_table``). The table is
 made in a subprocess, which imports the task and mixer classes (torch), and cached under
 ``.snakemake/seqmix/`` with the digests of every file that made it (the config files, the
 seqmix sources and any user package it imported): while they are unchanged, parsing the
@@ -31,7 +31,7 @@ import yaml
 
 from seqmix import REPO_ROOT
 
-SRC = Path(__file__).resolve().parents[1]  # the src/ this seqmix was imported from
+SRC = Path(__file__).resolve().parents[2]  # the src/ this seqmix was imported from
 CACHE_DIR = Path(".snakemake") / "seqmix"  # in Snakemake's working directory
 KEEP = 8  # tables kept in the cache, the most recently made ones
 
@@ -158,7 +158,7 @@ class Jobs:
     """One study's jobs: paths, specs (as the JSON each command takes) and resources.
 
     Path patterns keep Snakemake's wildcards: ``run_file("model.pt")`` is
-    ``<results>/runs/{task}/{arch}/seed{seed}/model.pt`` (seqmix.study.run_dir)."""
+    ``<results>/runs/{task}/{arch}/seed{seed}/model.pt`` (seqmix.study.table.run_dir)."""
 
     def __init__(self, table: dict[str, Any]):
         self.table = table
@@ -258,11 +258,11 @@ class Jobs:
         return value
 
     def study(self):
-        """The typed, validated study (seqmix.sections.Study). This imports the config
+        """The typed, validated study (seqmix.study.settings.Study). This imports the config
         models, hence torch: for what runs once before the jobs (preflight), not for parsing."""
-        from seqmix.config import validate_config
+        from seqmix.study.load import validate_study
 
-        return validate_config(self.table["study"], source="the resolved study")
+        return validate_study(self.table["study"], source="the resolved study")
 
     # -- notebooks ---------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from seqmix.sections import TaskCommon
+from seqmix.study.settings import TaskCommon
 
 SWEEPABLE = ("model", "train")
 # Short names of swept settings in a point's name; others keep their own name.

@@ -1,13 +1,13 @@
 """A validated study as lists of things to do: its tasks (sweeps expanded), its runs, where
 each run and each task's data live, and the spec every job receives.
 
-Names: a task is ``<kind>`` or ``<kind>/<variant>``; a task with a ``sweep`` becomes one
+Names: a task is ``<kind>`` or ``<kind>/<label>``; a task with a ``sweep`` becomes one
 task per grid point, ``<task>/<point>`` (e.g. ``mqar/L64-kv4/d64-lr0.001``), whose ``group``
 is the task it came from: the points of a sweep share the group's data directory. A
 result row carries the sweep's axes (``axes``) so that figures can pick the best point.
 
 ``job_table`` is all of it as JSON: what `python -m seqmix jobs` prints and the Snakefile
-builds its rules from (seqmix.dag), each job with the spec it reads and nothing else.
+builds its rules from (seqmix.study.dag), each job with the spec it reads and nothing else.
 """
 
 from __future__ import annotations
@@ -18,22 +18,22 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from seqmix import catalogue
-from seqmix.config import mixer_options, settings_of
 from seqmix.io import read_json
 from seqmix.mixers import mixer_class
-from seqmix.sections import Budget, Study, TaskCommon, TrainSpec
-from seqmix.spec import (
+from seqmix.study.jobs import (
     CollectJob,
     ComplexityJob,
     CopyProbeJob,
     DataJob,
     GeometryJob,
-    RunSpec,
     SparsityJob,
     ThroughputJob,
     TokenizerJob,
+    TrainJob,
 )
-from seqmix.sweep import sweep_points
+from seqmix.study.load import mixer_options, settings_of
+from seqmix.study.settings import Budget, Study, TaskCommon, TrainSettings
+from seqmix.study.sweep import sweep_points
 from seqmix.tasks import task_class
 
 
@@ -44,7 +44,7 @@ class Run(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class Variant:
+class StudyTask:
     """One task of the study after sweep expansion."""
 
     name: str
@@ -59,22 +59,22 @@ class Variant:
 # ------------------------------------------------------------------------------------------
 
 
-def variants(study: Study) -> list[Variant]:
+def study_tasks(study: Study) -> list[StudyTask]:
     out = []
     for name, section in study.tasks.items():
         kind = catalogue.kind_of(name)
         points = sweep_points(section)
         if not points:
-            out.append(Variant(name, name, kind, section, {}))
-        out += [Variant(f"{name}/{label}", name, kind, s, axes) for label, axes, s in points]
+            out.append(StudyTask(name, name, kind, section, {}))
+        out += [StudyTask(f"{name}/{label}", name, kind, s, axes) for label, axes, s in points]
     return out
 
 
-def variant(study: Study, name: str) -> Variant:
-    for v in variants(study):
+def study_task(study: Study, name: str) -> StudyTask:
+    for v in study_tasks(study):
         if v.name == name:
             return v
-    raise KeyError(f"task {name!r} is not in this study; tasks: {', '.join(v.name for v in variants(study))}")
+    raise KeyError(f"task {name!r} is not in this study; tasks: {', '.join(v.name for v in study_tasks(study))}")
 
 
 def groups(study: Study) -> list[str]:
@@ -82,7 +82,7 @@ def groups(study: Study) -> list[str]:
     return list(study.tasks)
 
 
-def task_architectures(study: Study, v: Variant) -> list[str]:
+def task_architectures(study: Study, v: StudyTask) -> list[str]:
     """The architectures a task trains: non-causal-only mixers skip language-model tasks."""
     archs = v.section.architectures or study.architectures
     if task_class(v.kind).is_language_model:
@@ -90,8 +90,8 @@ def task_architectures(study: Study, v: Variant) -> list[str]:
     return list(archs)
 
 
-def _trained(study: Study) -> Iterator[tuple[Variant, str, int]]:
-    for v in variants(study):
+def _trained(study: Study) -> Iterator[tuple[StudyTask, str, int]]:
+    for v in study_tasks(study):
         for arch in task_architectures(study, v):
             for seed in v.section.seeds_for(arch, study.seeds):
                 yield v, arch, seed
@@ -130,16 +130,16 @@ def needs_tokenizer(study: Study, group: str) -> bool:
 # ------------------------------------------------------------------------------------------
 
 
-def run_spec(study: Study, task: str, arch: str, seed: int) -> RunSpec:
-    return _run_spec(study, variant(study, task), arch, seed)
+def run_spec(study: Study, task: str, arch: str, seed: int) -> TrainJob:
+    return _run_spec(study, study_task(study, task), arch, seed)
 
 
-def _run_spec(study: Study, v: Variant, arch: str, seed: int) -> RunSpec:
+def _run_spec(study: Study, v: StudyTask, arch: str, seed: int) -> TrainJob:
     task = v.name
     if arch not in task_architectures(study, v):
         raise KeyError(f"architecture {arch!r} does not train on {task!r}; it trains: "
                        f"{', '.join(task_architectures(study, v))}")
-    return RunSpec(
+    return TrainJob(
         profile=study.profile, task=v.name, kind=v.kind, group=v.group, axes=v.axes, arch=arch,
         seed=int(seed), run_dir=str(run_dir(study, Run(task, arch, seed))),
         data_dir=str(data_dir(study, v.group)), tokenizer_dir=str(tokenizer_dir(study)),
@@ -185,7 +185,7 @@ def finished(run_dirs: list[str] | list[Path]) -> list[Path]:
 
 
 def language_model_tasks(study: Study) -> list[str]:
-    return [v.name for v in variants(study) if task_class(v.kind).is_language_model]
+    return [v.name for v in study_tasks(study) if task_class(v.kind).is_language_model]
 
 
 def sparsity_runs(study: Study) -> list[Run]:
@@ -196,7 +196,7 @@ def sparsity_runs(study: Study) -> list[Run]:
     spec = study.analysis.sparsity
     all_runs = runs(study)
     tasks = set(spec.tasks or language_model_tasks(study)[:1])
-    group = {v.name: v.group for v in variants(study)}
+    group = {v.name: v.group for v in study_tasks(study)}
     primary = [r for r in all_runs if r.task in tasks or group[r.task] in tasks]
     covered = {r.arch for r in primary}
     missing = [a for a in study.architectures if a not in covered]
@@ -208,16 +208,16 @@ def sparsity_runs(study: Study) -> list[Run]:
 
 def geometry_runs(study: Study) -> list[Run]:
     task = study.analysis.geometry.task or next(iter(language_model_tasks(study)), None)
-    group = {v.name: v.group for v in variants(study)}
+    group = {v.name: v.group for v in study_tasks(study)}
     return [r for r in runs(study) if task in (r.task, group[r.task])]
 
 
-def copy_probe_task(study: Study) -> Variant | None:
+def copy_probe_task(study: Study) -> StudyTask | None:
     """The recall task (MQAR) whose model settings the copy probe takes:
     ``analysis.copy_probe.task`` (a swept task: its first point), ``auto``: the study's first
     recall task; None when it is null or the study has none (no probe)."""
     chosen = study.analysis.copy_probe.task
-    recall = [v for v in variants(study) if task_class(v.kind).is_recall]
+    recall = [v for v in study_tasks(study) if task_class(v.kind).is_recall]
     if chosen == "auto":
         return next(iter(recall), None)
     return next((v for v in recall if chosen in (v.name, v.group)), None)
@@ -286,7 +286,7 @@ def copy_probe_job(study: Study) -> CopyProbeJob | None:
         task=v.name, architectures=archs,
         model=v.section.model.model_copy(update={"d_model": probe.d_model, "budget": Budget()}),
         mixers={a: task_mixer_options(study, v.section, a) for a in archs},
-        train=TrainSpec(steps=probe.steps, batch_size=probe.batch_size, lr=probe.lr, warmup_steps=probe.warmup_steps,
+        train=TrainSettings(steps=probe.steps, batch_size=probe.batch_size, lr=probe.lr, warmup_steps=probe.warmup_steps,
                         weight_decay=train.weight_decay, betas=train.betas, min_lr_ratio=train.min_lr_ratio,
                         grad_clip=train.grad_clip, device=train.device, reference_mixers=train.reference_mixers),
         copy_probe=probe)
@@ -303,13 +303,13 @@ def geometry_job(study: Study) -> GeometryJob:
 
 
 def job_table(study: Study) -> dict[str, Any]:
-    """The study as the Snakefile reads it (seqmix.dag): path patterns, every task, run and
+    """The study as the Snakefile reads it (seqmix.study.dag): path patterns, every task, run and
     analysis with its spec, and the resources each rule declares; plain JSON data. Specs
     are the JSON text each command takes, as pydantic writes it (``--spec``)."""
     tasks = {v.name: {"group": v.group, "threads": v.section.train.threads,
                       "resources": {rule: (getattr(v.section.resources, rule) or getattr(study.resources, rule)).model_dump()
                                     for rule in ("train", "eval")}}
-             for v in variants(study)}
+             for v in study_tasks(study)}
     collect, geometry, copy_probe = collect_job(study), geometry_job(study), copy_probe_job(study)
     return {
         "study": study.model_dump(mode="json"),

@@ -1,10 +1,10 @@
 """The study configuration (config/config.yaml, config/paper.yaml), validated at the door
-with every bad key named, into typed, frozen pydantic models (``seqmix.sections``) that
+with every bad key named, into typed, frozen pydantic models (``seqmix.study.settings``) that
 hold every default once. A task kind's own settings live on its ``Settings`` model and a
 mixer's options on its ``Options`` dataclass, so adding either never touches this file.
-Tasks are named ``<kind>`` or ``<kind>/<variant>`` (several instances of one kind, each with
+Tasks are named ``<kind>`` or ``<kind>/<label>`` (several instances of one kind, each with
 its own data, runs and rows); a task's ``sweep`` expands it into one task per grid point
-(seqmix.study). Validating imports the task and mixer classes, so it needs torch.
+(seqmix.study.table). Validating imports the task and mixer classes, so it needs torch.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import yaml
 from pydantic import BaseModel, ValidationError, create_model
 
 from seqmix import REPO_ROOT, catalogue
-from seqmix.errors import ConfigError  # noqa: F401 (re-exported: seqmix.config.ConfigError)
+from seqmix.errors import ConfigError  # noqa: F401 (re-exported: seqmix.study.load.ConfigError)
 from seqmix.mixers import mixer_class, options_model
-from seqmix.sections import Study, StudyFile, TaskCommon, TaskSettings
-from seqmix.sweep import sweep_points, sweep_problems
+from seqmix.study.settings import Study, StudyFile, TaskCommon, TaskSettings
+from seqmix.study.sweep import sweep_points, sweep_problems
 from seqmix.tasks import task_class
 
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
@@ -38,7 +38,7 @@ _SECTION_MODELS: dict[str, type[TaskCommon]] = {}
 
 
 def task_section_model(kind: str) -> type[TaskCommon]:
-    """The model of a ``tasks.<kind>[/variant]`` section: the kind's settings + TaskCommon."""
+    """The model of a ``tasks.<kind>[/<label>]`` section: the kind's settings + TaskCommon."""
     if kind not in _SECTION_MODELS:
         settings = task_class(kind).Settings
         _SECTION_MODELS[kind] = create_model(f"{settings.__name__}Section", __base__=(settings, TaskCommon))
@@ -113,7 +113,7 @@ def _validate_tasks(raw_tasks: Mapping, errors: list, allowed: dict) -> dict[str
     for name, body in raw_tasks.items():
         kind = catalogue.kind_of(name)
         if not TASK_NAME.match(name):
-            errors.append({"type": "value_error", "loc": ("tasks", name), "msg": "a task name is <kind> or <kind>/<variant>, of letters, digits and _.+- only"})
+            errors.append({"type": "value_error", "loc": ("tasks", name), "msg": "a task name is <kind> or <kind>/<label>, of letters, digits and _.+- only"})
             continue
         if kind not in catalogue.task_kinds():
             errors.append({"type": "value_error", "loc": ("tasks", name),
@@ -140,7 +140,7 @@ def _validate_mixers(raw_mixers: Mapping, errors: list, allowed: dict) -> dict[s
     return out
 
 
-def validate_config(raw: Mapping[str, Any], source: str = "config") -> Study:
+def validate_study(raw: Mapping[str, Any], source: str = "config") -> Study:
     """The validated, typed study of a raw config mapping.
 
     Raises ConfigError listing every problem, each with its dotted key and the allowed
@@ -261,7 +261,7 @@ def resolve_extends(raw: Mapping, origin: str | os.PathLike | None, _seen: tuple
     return deep_merge(base, raw)
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> Study:
+def load_study(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> Study:
     """Read one config file (default config/config.yaml) and what it ``extends``, apply
     ``overrides``, validate.
 
@@ -275,7 +275,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping | None
     raw = resolve_extends(raw, None if is_json else Path(path).parent, () if is_json else (Path(path).resolve(),))
     if overrides:
         raw = deep_merge(raw, overrides)
-    return validate_config(raw, source)
+    return validate_study(raw, source)
 
 
 def deep_merge(base: Mapping, override: Mapping) -> dict:
@@ -295,7 +295,7 @@ def config_schema() -> dict:
     What it says of mixers is open, so that a file written before a mixer was catalogued
     stays true: a mixer name is any string (``$defs/ArchName``, the catalogued ones as
     completions in ``examples``), and ``mixers`` describes each catalogued mixer's options,
-    bounds included, and takes any other name's as an object. Validation (validate_config)
+    bounds included, and takes any other name's as an object. Validation (validate_study)
     still refuses an unknown mixer or option, naming the key."""
     schema = StudyFile.model_json_schema()
     sections = {}
