@@ -1,8 +1,8 @@
 # seqmix: data -> train (task x arch x seed) -> eval -> analyses -> notebooks -> report.pdf
-# Thin on purpose: one library call resolves and validates the study before any job runs
-# (seqmix.study.dag.load: `python -m seqmix jobs` in a subprocess, its table cached, so parsing
-# the DAG imports no torch), and every rule calls the library through `python -m seqmix ...`
-# with the spec of what that job reads (workflow/rules/*.smk).
+# Thin on purpose: one library call, seqmix.study.dag.load, gives the study's job table before
+# any job runs, and every rule calls the library through `python -m seqmix ...` with the spec
+# of what that job reads (workflow/rules/*.smk). The table is made by a subprocess, cached:
+# validating a profile imports each mixer's and task's module (torch), parsing must not.
 import sys
 from pathlib import Path
 

@@ -55,5 +55,8 @@ def test_each_checkout_parses_its_dag_and_trains_with_its_own_kernels(checkouts)
         snakemake(copy, copy, str(run / "metrics.json"), "--configfile", str(copy / "tiny.yaml"))
         provenance = json.loads((run / "provenance.json").read_text())
         code = provenance["code"]
-        assert code == {"seqmix": str(copy / "src" / "seqmix"), "kernels": str(copy / "kernels")}, (name, code)
+        assert {k: code[k] for k in ("seqmix", "kernels")} == {"seqmix": str(copy / "src" / "seqmix"),
+                                                               "kernels": str(copy / "kernels")}, (name, code)
+        # The sources it recorded are that checkout's, named within it (seqmix.sources).
+        assert "kernels/selective_scan_cpu.cpp" in code["sources"] and "src/seqmix/mixers/mamba.py" in code["sources"]
         assert provenance["implementation"]["paths"].get("mamba") == "fused_cpu", provenance["implementation"]

@@ -229,10 +229,53 @@ def test_editing_one_tasks_training_reruns_its_runs_and_what_reads_them(full_run
     assert rerun_because(proc, "params have changed") == {"train"}
 
 
+def planned_wildcards(proc: subprocess.CompletedProcess, rule: str) -> list[dict[str, str]]:
+    """The wildcards of each job of ``rule`` a dry run lists."""
+    blocks = re.findall(rf"^(?:local)?rule {rule}:\n(.*?)(?:\n\n|\Z)", proc.stdout, re.M | re.S)
+    return [dict(re.findall(r"(\w+)=([^,\n]+)", m.group(1))) for b in blocks
+            if (m := re.search(r"wildcards: (.*)", b))]
+
+
+def dry_run_after_editing(src: Path, work: Path, module: Path) -> subprocess.CompletedProcess:
+    """A dry run of the tiny study with a comment added to ``module`` (restored after)."""
+    text = module.read_text()
+    try:
+        module.write_text(text + "\n# edited by a test\n")
+        return snakemake(src, work, "-n", "--configfile", str(work / "tiny.yaml"))
+    finally:
+        module.write_text(text)
+
+
+def test_editing_one_mixer_reruns_its_runs_and_what_reads_them_nothing_else(full_run):
+    # Each job's code is among its inputs (seqmix.sources): Grassmann's module trains, evaluates
+    # and is timed in Grassmann's jobs only, and the analyses that build every mixer.
+    src, work = full_run
+    proc = dry_run_after_editing(src, work, src / "src" / "seqmix" / "mixers" / "grassmann.py")
+    planned = planned_jobs(proc)
+    runs = pd.read_csv(work / "results" / "summary" / "runs.csv")
+    assert planned["train"] == planned["eval"] == (runs.arch == "grassmann").sum(), planned
+    for rule in ("train", "eval", "sparsity_run"):
+        assert {w["arch"] for w in planned_wildcards(proc, rule)} == {"grassmann"}, rule
+    assert {"complexity", "throughput", "copy_probe"} <= set(planned)  # they build every mixer
+    assert not {"data_task", "data_tokenizer", "sparsity_analytic"} & set(planned), planned
+
+
+def test_editing_one_task_kind_reruns_its_data_and_runs_nothing_else(full_run):
+    src, work = full_run
+    proc = dry_run_after_editing(src, work, src / "src" / "seqmix" / "tasks" / "snli.py")
+    planned = planned_jobs(proc)
+    runs = pd.read_csv(work / "results" / "summary" / "runs.csv")
+    assert planned["train"] == planned["eval"] == (runs.kind == "snli").sum(), planned
+    assert {w["task"] for w in planned_wildcards(proc, "train")} == {"snli"}
+    assert [w["group"] for w in planned_wildcards(proc, "data_task")] == ["snli"]
+    assert not {"complexity", "throughput", "copy_probe", "sparsity_analytic", "data_tokenizer"} & set(planned), planned
+
+
 def test_parsing_the_dag_again_reads_the_cached_job_table_and_imports_no_torch(full_run):
-    # The job table was made by the runs above (seqmix.study.dag); a dry run now reads it as it is
+    # The job table was made by a parse above (seqmix.study.dag); a dry run now reads it as it is
     # (no file rewritten) and the Snakemake process never imports torch.
     src, work = full_run
+    snakemake(src, work, "-n", "--configfile", str(work / "tiny.yaml"))  # the table of the sources as they are
     tables = {p: p.stat().st_mtime_ns for p in (work / ".snakemake" / "seqmix").glob("jobs-*.json")}
     assert tables
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

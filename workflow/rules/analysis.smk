@@ -16,6 +16,8 @@ rule analysis:
 
 
 rule complexity:
+    input:
+        code=JOBS.code("complexity"),
     output:
         csv=f"{RESULTS}/analysis/complexity.csv",
         fit=f"{RESULTS}/analysis/complexity_fit.csv",
@@ -42,6 +44,8 @@ rule complexity:
 
 rule throughput:
     # Training tokens/s of every causal mixer's LM beside softmax (seqmix/bench/throughput.py).
+    input:
+        code=JOBS.code("throughput"),
     output:
         f"{RESULTS}/analysis/throughput.csv",
     params:
@@ -68,7 +72,8 @@ SPARSITY_RUN = f"{RESULTS}/analysis/sparsity/{RUN}.csv"
 rule sparsity_run:
     # One job per trained run, so the Jacobians are computed while other runs still train.
     input:
-        run_file("model.pt"),
+        model=run_file("model.pt"),
+        code=JOBS.code("sparsity_run"),
     output:
         SPARSITY_RUN,
     params:
@@ -104,6 +109,8 @@ rule sparsity:
 
 
 rule sparsity_analytic:
+    input:
+        code=JOBS.code("sparsity_analytic"),
     output:
         f"{RESULTS}/analysis/sparsity_analytic.csv",
     params:
@@ -124,7 +131,8 @@ rule sparsity_analytic:
 rule geometry:
     # Every run of the task (the command keeps those whose mixer has a geometry).
     input:
-        JOBS.run_files("model.pt", JOBS.geometry_runs()),
+        models=JOBS.run_files("model.pt", JOBS.geometry_runs()),
+        code=JOBS.code("geometry"),
     output:
         f"{RESULTS}/analysis/geometry.csv",
     params:
@@ -147,6 +155,8 @@ if JOBS.has_analysis("copy_probe"):
     rule copy_probe:
         # Can each mixer copy the previous token? Fresh models built as the MQAR task builds
         # its own, trained on random tokens (seqmix/analysis/copy_probe.py); no run needed.
+        input:
+            code=JOBS.code("copy_probe"),
         output:
             f"{RESULTS}/analysis/copy_probe.csv",
         params:

@@ -1,6 +1,8 @@
 # Data: the tokenizer, then each task's prepared files with a manifest (sha256 + counts).
 # The points of a sweep share their task's data (its "group").
 rule data_tokenizer:
+    input:
+        code=JOBS.code("tokenizer"),
     output:
         JOBS.tokenizer_file("manifest.json"),
         JOBS.tokenizer_file("tokenizer.json"),
@@ -20,7 +22,8 @@ rule data_tokenizer:
 
 rule data_task:
     input:
-        lambda w: [JOBS.tokenizer_file("manifest.json")] if JOBS.needs_tokenizer(w.group) else [],
+        tokenizer=lambda w: [JOBS.tokenizer_file("manifest.json")] if JOBS.needs_tokenizer(w.group) else [],
+        code=lambda w: JOBS.code("data", w.group),
     output:
         JOBS.data_file("manifest.json"),
     params:

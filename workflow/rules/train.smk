@@ -17,7 +17,10 @@ rule runs:
 
 rule train:
     input:
-        lambda w: JOBS.data_file("manifest.json", JOBS.group_of(w.task)),
+        data=lambda w: JOBS.data_file("manifest.json", JOBS.group_of(w.task)),
+        # The code that trains it (its mixer's and task's modules, the training loop, what
+        # they import): an edit reruns exactly the runs it trains, and what reads them.
+        code=lambda w: JOBS.code("train", w.task, w.arch),
     output:
         metrics=run_file("metrics.json"),
         model=run_file("model.pt"),
@@ -44,6 +47,7 @@ rule eval:
     input:
         metrics=run_file("metrics.json"),
         model=run_file("model.pt"),
+        code=lambda w: JOBS.code("eval", w.task, w.arch),
     output:
         run_file("eval.json"),
     params:
@@ -65,8 +69,8 @@ rule eval:
 rule collect:
     input:
         runs=JOBS.run_files("metrics.json") + JOBS.run_files("eval.json"),
-        # The module that makes the rows: a column added there rewrites runs.csv.
-        code=str(SRC / "src" / "seqmix" / "report" / "collect.py"),
+        # The code that makes the rows: a column added there rewrites runs.csv.
+        code=JOBS.code("collect"),
     output:
         runs=f"{RESULTS}/summary/runs.csv",
         breakdown=f"{RESULTS}/summary/breakdown.csv",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from seqmix.io import read_json, write_rows
+from seqmix.sources import changed
 
 
 class RunRow(TypedDict):
@@ -61,6 +62,9 @@ class RunRow(TypedDict):
     tokenizer: str
     device: str
     wall_time_s: float
+    commit: str  # the commit it was trained at ('' unknown)
+    dirty: bool | None  # with uncommitted changes in that checkout
+    code_changed: str  # its recorded sources that differ in this checkout now, space-separated; "?" unrecorded
     run_dir: str
 
 
@@ -105,8 +109,16 @@ def run_row(run_dir: Path) -> RunRow:
         "train_complete": splits[m["train_split"]]["complete"],
         "eval_data": splits[m["eval_split"]]["description"], "test_data": splits[m["test_split"]]["description"],
         "tokenizer": tok.get("description", ""), "device": m["device"],
-        "wall_time_s": m["wall_time_s"], "run_dir": str(run_dir),
+        "wall_time_s": m["wall_time_s"], **code_of(read_json(run_dir / "provenance.json")), "run_dir": str(run_dir),
     }
+
+
+def code_of(provenance: dict) -> dict:
+    """The commit a run was made at, whether its tree was dirty, and which of the sources it
+    recorded (seqmix.sources) differ from this checkout's now: a run made by other code."""
+    git, sources = provenance.get("git") or {}, (provenance.get("code") or {}).get("sources")
+    return {"commit": git.get("commit") or "", "dirty": git.get("dirty"),
+            "code_changed": "?" if not sources else " ".join(changed(sources))}
 
 
 GRAD_ROWS = 4

@@ -93,6 +93,36 @@ def setup_table(runs: pd.DataFrame) -> str:
                  note=escape("Tokenizer: " + tokenizers.iloc[0]) if len(tokenizers) else None)
 
 
+def code_text(runs: pd.DataFrame) -> str:
+    """The commit every run was made at, flagging runs made from a tree with uncommitted
+    changes and runs whose recorded sources differ from this checkout's (made by other code
+    than the report's; seqmix.sources): ``qCode``."""
+    def tt(text: str) -> str:
+        return "\\texttt{" + escape(text) + "}"
+
+    def runs_of(n: int) -> str:
+        return f"{n} run{'s' if n != 1 else ''}"
+
+    parts = []
+    for commit, group in runs.groupby(runs.commit.fillna("").astype(str), sort=True):
+        dirty = int(group.dirty.fillna(False).astype(bool).sum())
+        parts.append(f"{runs_of(len(group))} at {tt(commit[:10]) if commit else 'an unknown commit'}"
+                     + (f" ({dirty} with uncommitted changes)" if dirty else ""))
+    text = f"The code of each run: {series(parts)}."
+    flags = runs.code_changed.fillna("").astype(str)
+    changed = runs[~flags.isin(["", "?"])]
+    if len(changed):
+        files = sorted({f for fs in changed.code_changed for f in str(fs).split()})
+        names = [escape(f"{r.task}/{r.arch}/seed{r.seed}") for r in changed.itertuples()]
+        text += (f" Made by other code than this checkout's ({series([tt(f) for f in files])} differ): "
+                 f"{runs_of(len(changed))}, {series(names)}.")
+    else:
+        text += " Every run's recorded sources are this checkout's."
+    if unrecorded := int((flags == "?").sum()):
+        text += f" {runs_of(unrecorded)} recorded no sources to compare."
+    return text
+
+
 def quality_macros(runs: pd.DataFrame, summ: pd.DataFrame, scope: str) -> dict[str, str]:
     """The ``q`` macros: the study in numbers (the abstract's), and each task and mixer's test value."""
     prov = json.loads((Path(runs.run_dir.iloc[0]) / "provenance.json").read_text())
@@ -110,7 +140,11 @@ def quality_macros(runs: pd.DataFrame, summ: pd.DataFrame, scope: str) -> dict[s
         "unfinished": f"; {unfinished}" if unfinished else "",
         "device": escape(prov["device"]["name"]),
         "torchVersion": escape(prov["packages"]["torch"]),
-        "commit": escape((prov["git"]["commit"] or "unknown")[:10]),
+        # The title's: the runs' one commit, or where they differ, where to read them.
+        "commit": (f"at commit \\texttt{{{escape(commits[0][:10])}}}"
+                   if len(commits := sorted(set(runs.commit.fillna("").astype(str)))) == 1 and commits[0]
+                   else "at the commits listed in Appendix~\\ref{app:provenance}"),
+        "code": code_text(runs),
         "tokenizer": escape(tokenizers.iloc[0]) if len(tokenizers) else "synthetic only",
         "trainHours": f"{runs.wall_time_s.sum() / 3600:.2f}",
     }

@@ -18,10 +18,8 @@ import json
 import os
 import re
 import shlex
-import site
 import subprocess
 import sys
-import sysconfig
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +27,8 @@ from typing import Any
 
 import yaml
 
-from seqmix import REPO_ROOT
+from seqmix import REPO_ROOT, catalogue
+from seqmix.sources import library_dirs
 
 SRC = Path(__file__).resolve().parents[2]  # the src/ this seqmix was imported from
 CACHE_DIR = Path(".snakemake") / "seqmix"  # in Snakemake's working directory
@@ -133,10 +132,7 @@ def config_files(config: str | os.PathLike) -> list[Path]:
 def imported_sources() -> list[Path]:
     """The files of the modules this process imported, but for the standard library and
     installed packages (site-packages): seqmix itself, and a user's own mixers or tasks."""
-    libraries = {Path(paths[k]).resolve() for paths in (sysconfig.get_paths(), sysconfig.get_paths(
-                 vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix}))
-                 for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    libraries |= {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    libraries = library_dirs()
     files = {Path(f).resolve() for m in list(sys.modules.values())
              if isinstance(f := getattr(m, "__file__", None), str) and os.path.isabs(f) and os.path.isfile(f)}
     return sorted(f for f in files if f.is_relative_to(SRC) or not any(f.is_relative_to(p) for p in libraries))
@@ -240,6 +236,17 @@ class Jobs:
     def geometry_runs(self) -> list[str]:
         """The run directories the geometry job reads (it measures those that finished)."""
         return self.table["analyses"]["geometry"]["run_dirs"]
+
+    def code(self, job: str, task: str | None = None, arch: str | None = None) -> list[str]:
+        """The sources of a job (seqmix.sources): ``train`` or ``eval`` of a run, ``data`` of a
+        group (``task``), ``tokenizer``, or an analysis by name (collect, complexity,
+        throughput, sparsity_run, sparsity_analytic, geometry, copy_probe)."""
+        code = self.table["code"]
+        if job in ("train", "eval"):
+            return code[job][f"{arch} {catalogue.kind_of(task)}"]
+        if job == "data":
+            return code["data"][task]
+        return code["tokenizer"] if job == "tokenizer" else code["analyses"][job]
 
     def resources(self, rule: str) -> dict[str, Any]:
         """``mem_mb`` and ``runtime`` of a rule's jobs, from the config's ``resources``;

@@ -1,5 +1,5 @@
-"""The study configuration (config/config.yaml, config/paper.yaml), validated at the door
-with every bad key named, into typed, frozen pydantic models (``seqmix.study.settings``) that
+"""A profile (config/config.yaml, config/paper.yaml) read and validated at the door, every
+bad key named, into a study: typed, frozen pydantic models (``seqmix.study.settings``) that
 hold every default once. A task kind's own settings live on its ``Settings`` model and a
 mixer's options on its ``Options`` dataclass, so adding either never touches this file.
 Tasks are named ``<kind>`` or ``<kind>/<label>`` (several instances of one kind, each with

@@ -1,5 +1,5 @@
-"""The sections of a study configuration as typed, frozen pydantic models: what every key
-means, its type, its bounds and its default, in one place.
+"""The settings of every section of a profile as typed, frozen pydantic models: what every
+key means, its type, its bounds and its default, in one place.
 
 A task kind's own settings are a ``TaskSettings`` subclass on its Task class (seqmix/tasks/),
 a mixer's options the ``Options`` dataclass of its module (seqmix/mixers/); seqmix.study.load

@@ -1,5 +1,5 @@
 """A validated study as lists of things to do: its tasks (sweeps expanded), its runs, where
-each run and each task's data live, and the spec every job receives.
+each run and each task's data live, and the spec every job receives (the words: seqmix.study).
 
 Names: a task is ``<kind>`` or ``<kind>/<label>``; a task with a ``sweep`` becomes one
 task per grid point, ``<task>/<point>`` (e.g. ``mqar/L64-kv4/d64-lr0.001``), whose ``group``
@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from seqmix import catalogue
 from seqmix.io import read_json
 from seqmix.mixers import mixer_class
+from seqmix.sources import EVALUATION, run_modules, sources_of
 from seqmix.study.jobs import (
     CollectJob,
     ComplexityJob,
@@ -302,6 +303,37 @@ def geometry_job(study: Study) -> GeometryJob:
 # ------------------------------------------------------------------------------------------
 
 
+def job_code(study: Study) -> dict[str, Any]:
+    """Each job's sources (seqmix.sources), as paths: its rule's inputs, so that an edit reruns
+    the jobs whose results the edited code computes. Training and evaluation by
+    ``"<arch> <kind>"``; the analyses by name, each its module and the mixers it builds."""
+    def files(modules) -> list[str]:
+        return [str(p) for p in sources_of(modules)]
+
+    def mixers(archs) -> list[str]:
+        return [catalogue.mixer_entry(a).path.partition(":")[0] for a in archs]
+
+    pairs = sorted({(arch, v.kind) for v, arch, _ in _trained(study)})
+    probe = copy_probe_task(study)
+    analyses = {
+        "collect": ["seqmix.report.collect"],
+        "complexity": ["seqmix.analysis.complexity", *mixers(complexity_architectures(study))],
+        "throughput": ["seqmix.bench.throughput", *mixers([*throughput_architectures(study), catalogue.BASELINE])],
+        "sparsity_run": ["seqmix.analysis.sparsity"],
+        "sparsity_analytic": ["seqmix.analysis.su"],
+        "geometry": ["seqmix.analysis.geometry"],
+        **({"copy_probe": ["seqmix.analysis.copy_probe", catalogue.task_entry(probe.kind).path.partition(":")[0],
+                           *mixers(copy_probe_architectures(study))]} if probe else {}),
+    }
+    return {
+        "tokenizer": files(["seqmix.data.tokenizer"]),
+        "data": {g: files([catalogue.task_entry(catalogue.kind_of(g)).path.partition(":")[0]]) for g in groups(study)},
+        "train": {f"{a} {k}": files(run_modules(a, k)) for a, k in pairs},
+        "eval": {f"{a} {k}": files(run_modules(a, k, EVALUATION)) for a, k in pairs},
+        "analyses": {name: files(modules) for name, modules in analyses.items()},
+    }
+
+
 def job_table(study: Study) -> dict[str, Any]:
     """The study as the Snakefile reads it (seqmix.study.dag): path patterns, every task, run and
     analysis with its spec, and the resources each rule declares; plain JSON data. Specs
@@ -334,4 +366,5 @@ def job_table(study: Study) -> dict[str, Any]:
         # One sparsity job per run, whose spec names that run alone.
         "sparsity_runs": [{"task": r.task, "arch": r.arch, "seed": r.seed,
                            "spec": sparsity_job(study, [r]).model_dump_json()} for r in sparsity_runs(study)],
+        "code": job_code(study),
     }

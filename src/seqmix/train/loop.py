@@ -40,6 +40,7 @@ from seqmix.measure import GIB
 from seqmix.mixers import dispatch
 from seqmix.models.blocks import stack_reach
 from seqmix.models.budget import solve_budget
+from seqmix.sources import digests, run_modules, sources_of
 from seqmix.study.jobs import TrainJob
 from seqmix.study.settings import TrainSettings
 from seqmix.tasks import make_task
@@ -173,6 +174,7 @@ class Run:
     loss_of: StepLoss  # the training step's loss: eager, or compiled under train.compile
     started: float = 0.0
     finished_before: bool = False  # restored from final.pt: only the results are written again
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # the code that trains it: {file: sha256}
 
     @property
     def run_dir(self) -> Path:
@@ -198,7 +200,7 @@ def start(spec: TrainJob) -> Run:
     opt = make_optimizer(model, train)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train))
     run = Run(spec, task, model, opt, sched, device, size, spec_hash(spec), Progress(),
-              step_loss(task, model, device, train))
+              step_loss(task, model, device, train), sources=digests(sources_of(run_modules(spec.arch, spec.kind))))
     resume_or_init(run)
     write_json(run_dir / "config.json", {**spec.model_dump(mode="json"), "resolved_size": size,
                                          "spec_hash": run.identity})
@@ -376,7 +378,8 @@ def finish(run: Run) -> dict:
     checkpoint.save_atomic({"model": run.model.state_dict(), "size": run.size}, run.run_dir / "model.pt")
     write_csv(run.run_dir / "log.csv", run.state.log, LOG_FIELDS)
     metrics = metrics_of(run)
-    write_json(run.run_dir / "provenance.json", provenance(run.device, seed=run.spec.seed, wall_time_s=run.state.elapsed,
+    write_json(run.run_dir / "provenance.json", provenance(run.device, seed=run.spec.seed, sources=run.sources,
+                                                          wall_time_s=run.state.elapsed,
                                                           training_step=run.loss_of.record()))
     write_json(run.run_dir / "metrics.json", metrics)
     (run.run_dir / CHECKPOINT).unlink(missing_ok=True)  # final.pt holds all a rerun needs

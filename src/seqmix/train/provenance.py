@@ -75,20 +75,23 @@ def device_record(device: torch.device) -> dict:
     return rec
 
 
-def code_paths() -> dict:
-    """The folders seqmix and its kernels were imported from: the checkout that ran."""
+def code_record(sources: dict[str, str] | None = None) -> dict:
+    """The folders seqmix and its kernels were imported from (the checkout that ran) and the
+    digests of the sources that made the result (seqmix.sources.digests)."""
     import seqmix
     import seqmix.kernels
 
-    return {"seqmix": str(Path(seqmix.__file__).parent), "kernels": str(Path(seqmix.kernels.__file__).parent)}
+    return {"seqmix": str(Path(seqmix.__file__).parent), "kernels": str(Path(seqmix.kernels.__file__).parent),
+            "sources": sources or {}}
 
 
-def provenance(device: torch.device, seed: int | None = None, **extra) -> dict:
-    """``implementation``: the dispatch setting and the path each mixer fast path took in the
+def provenance(device: torch.device, seed: int | None = None, sources: dict[str, str] | None = None, **extra) -> dict:
+    """``sources``: the digests of the code that made the result (``code.sources``).
+    ``implementation``: the dispatch setting and the path each mixer fast path took in the
     current block (a training run: ``train`` opens one), e.g. {"grassmann": "triton"}."""
     return {
         "git": git_commit(),
-        "code": code_paths(),
+        "code": code_record(sources),
         "packages": package_versions(),
         "device": device_record(device),
         "implementation": dispatch.provenance(),

@@ -1,0 +1,27 @@
+"""The study: a profile read, validated and turned into the jobs that run it.
+
+Glossary: each word means one thing here, in names, messages, columns and docs alike.
+
+- profile: a config file describing a whole study (``config/config.yaml``, the quick one;
+  ``config/paper.yaml``); it may ``extends:`` another. How Snakemake runs the jobs (local,
+  SLURM) is its *executor*: ``workflow/executors/``, passed to ``snakemake --profile``.
+- study: a profile read with the schema's defaults and validated (``settings.Study``).
+- settings: the typed keys of one section of a profile (``TrainSettings`` is ``train:``);
+  a task kind adds its own (``TaskSettings``), a mixer its ``Options`` (seqmix.mixers).
+- kind: what a task does (``mqar``, ``wikitext2``, ``snli``): a ``seqmix.tasks`` ``Task``
+  class, one line of ``seqmix.catalogue``.
+- task: one named task of the study, ``<kind>`` or ``<kind>/<label>`` under ``tasks:``; a
+  ``sweep`` turns it into one task per point of its grid, ``<task>/<point>``
+  (``mqar/L64-kv4/d64-lr0.001``), each carrying the values it sets (its ``axes``). The task
+  as written is its ``group``: the points of a sweep share its data. ``table.StudyTask``.
+- run: one (task, architecture, seed), trained into ``<results_dir>/runs/<task>/<arch>/seed<k>/``.
+- job: one Snakemake job (train a run, evaluate it, an analysis, a notebook); its *spec* is
+  what it reads, a ``*Job`` model of ``jobs`` (``TrainJob`` for a run), given as JSON
+  (``--spec``); the *job table* lists every job of a study with its spec (``table.job_table``).
+
+Modules, bottom up: ``settings`` (the sections), ``jobs`` (the specs), ``sweep`` (a task's
+grid), ``load`` (reading and validating a profile; imports the task and mixer classes, hence
+torch), ``table`` (tasks, runs, paths, specs, the job table), ``dag`` (the job table as the
+Snakefile reads it, without torch). This file imports nothing: ``seqmix.study.settings`` sits
+below the mixers and tasks, ``seqmix.study.dag`` above everything.
+"""

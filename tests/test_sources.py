@@ -1,0 +1,77 @@
+"""A result's sources (seqmix.sources): the modules that compute it and what of this project
+they import, read from the code; what a run records of them, and how a report tells a run
+made by other code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from seqmix import REPO_ROOT
+from seqmix.report.collect import code_of
+from seqmix.report.quality_tables import code_text
+from seqmix.sources import changed, digests, imported_names, run_modules, sources_of
+
+SRC = REPO_ROOT / "src" / "seqmix"
+
+
+def names(paths) -> set[str]:
+    return {str(p.relative_to(REPO_ROOT)) for p in paths}
+
+
+def test_a_runs_sources_are_its_mixer_its_task_and_training_not_the_other_mixers():
+    found = names(sources_of(run_modules("mamba", "mqar")))
+    assert {"src/seqmix/mixers/mamba.py", "src/seqmix/tasks/mqar.py", "src/seqmix/data/mqar.py",
+            "src/seqmix/train/loop.py", "src/seqmix/models/lm.py", "src/seqmix/mixers/base.py"} <= found
+    # Its kernels, imported inside functions, with the C++ source built at first use.
+    assert {"kernels/selective_scan_cpu.py", "kernels/selective_scan_cpu.cpp", "kernels/selective_scan.py"} <= found
+    assert not {"src/seqmix/mixers/grassmann.py", "src/seqmix/tasks/snli.py", "kernels/grassmann.py",
+                "src/seqmix/cli.py"} & found
+    assert all(not p.startswith(("torch", "triton")) for p in found)  # libraries are not followed
+
+
+def test_imports_are_read_from_the_text_in_every_form(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    module = tmp_path / "pkg" / "mod.py"
+    module.write_text("import a.b as c, d\nfrom e import (\n    f,  # why\n    g as h,\n)\n"
+                      "def late():\n    from . import sibling\n    from .sub import x\n")
+    assert imported_names(module, "pkg.mod") >= {"a.b", "d", "e", "e.f", "e.g", "pkg", "pkg.sibling", "pkg.sub",
+                                                 "pkg.sub.x"}
+
+
+def test_a_run_made_by_other_code_is_told_apart(tmp_path, monkeypatch):
+    made = digests([SRC / "mixers" / "softmax.py", SRC / "catalogue.py"])
+    assert set(made) == {"src/seqmix/mixers/softmax.py", "src/seqmix/catalogue.py"}
+    assert changed(made) == []
+    assert changed({**made, "src/seqmix/catalogue.py": "0" * 64}) == ["src/seqmix/catalogue.py"]
+    assert changed({"src/seqmix/no_such_module.py": "0" * 64}) == ["src/seqmix/no_such_module.py"]
+    row = code_of({"git": {"commit": "abc123", "dirty": True}, "code": {"sources": {**made, "src/seqmix/io.py": "1"}}})
+    assert row == {"commit": "abc123", "dirty": True, "code_changed": "src/seqmix/io.py"}
+    assert code_of(json.loads('{"git": {"commit": null, "dirty": null}}'))["code_changed"] == "?"
+
+
+def test_the_report_states_each_runs_commit_and_flags_dirty_and_changed_code():
+    runs = pd.DataFrame({"commit": ["abcdef123456", "abcdef123456", ""], "dirty": [False, True, None],
+                         "code_changed": ["", "src/seqmix/mixers/grassmann.py", "?"], "task": ["mqar"] * 3,
+                         "arch": ["softmax", "grassmann", "gla"], "seed": [0, 0, 1]})
+    text = code_text(runs)
+    assert "2 runs at \\texttt{abcdef1234} (1 with uncommitted changes)" in text
+    assert "1 run at an unknown commit" in text
+    assert "grassmann.py} differ): 1 run, mqar/grassmann/seed0." in text
+    assert "1 run recorded no sources to compare." in text
+    clean = runs.iloc[:1]
+    assert code_text(clean) == "The code of each run: 1 run at \\texttt{abcdef1234}. Every run's recorded sources are this checkout's."
+
+
+def test_training_records_the_digests_of_its_sources(prepared_mqar):
+    from seqmix.study.load import validate_study
+    from seqmix.study.table import run_spec
+    from seqmix.train.loop import train
+
+    spec = run_spec(validate_study(prepared_mqar), "mqar", "softmax", 0)
+    train(spec, progress=False)
+    recorded = json.loads((Path(spec.run_dir) / "provenance.json").read_text())["code"]["sources"]
+    assert recorded == digests(sources_of(run_modules("softmax", "mqar")))
+    assert "src/seqmix/mixers/softmax.py" in recorded
