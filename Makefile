@@ -27,17 +27,18 @@ SNAKEMAKE = snakemake --profile workflow/executors/local --cores $(CORES) --reso
 # A study's report folder (<results_dir>/report: figures, tables, report.pdf, report.html).
 report_dir = $$(python -m seqmix where report --config $(1))
 
-.PHONY: install latex report report-timings paper paper-smoke paper-headline paper-headline-smoke plan test test-all \
+.PHONY: install latex report report-timings paper paper-smoke paper-headline paper-headline-smoke plan docs-blocks test test-all \
 	lint clean help gpu-check gpu-check-smoke gpu-wheels gpu-data
 
 help:
 	@echo "make report       the quick profile's report (2-core CPU, within an hour) -> results/report/, copied to paper/report.pdf"
-	@echo "make report-timings  put the last make report's job times (commit, machine) in the README"
+	@echo "make report-timings  put the last make report's job times (commit, machine) in docs/report-timings.md"
 	@echo "make paper        the paper profile's (config/paper.yaml, GPU) -> results/paper/report/, copied to paper/report.pdf"
-	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU, see README)"
+	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU) -> docs/paper-smoke.md"
 	@echo "make paper-headline  the headline study's runs and evaluations on a GPU, then recorded (<= 9 min on an H100)"
 	@echo "make paper-headline-smoke  the same at its exact shapes, steps cut, jobs packed on one fake GPU (CPU)"
-	@echo "make plan         what config/paper.yaml costs (runs, tokens, FLOPs, memory, H100 hours) -> README"
+	@echo "make plan         what config/paper.yaml costs (runs, tokens, FLOPs, memory, H100 hours) -> docs/plan.md"
+	@echo "make docs-blocks  each mixer's residual block and why, from the catalogue -> docs/blocks.md"
 	@echo "make gpu-check    on a GPU: kernels, kernel bench, step times, a training run -> results/bench/<gpu>/ (<= 8 min)"
 	@echo "make gpu-wheels   the wheels a GPU machine without a package registry installs (.gpu-wheels/)"
 	@echo "make gpu-data     WikiText-2 and the headline study's prepared data for a GPU machine (.gpu-data/, data/paper-headline/)"
@@ -67,10 +68,11 @@ report: install latex
 	snakemake --cores $(CORES) --report "$(call report_dir,config/config.yaml)/report.html"
 	python -m seqmix benchmarks results/benchmarks --out results/benchmarks.csv --markdown results/benchmarks.md
 
-# The README's measured times of the default study: its job times per rule, from the last
-# `make report` in this checkout, headed by the commit and machine its runs recorded.
+# docs/report-timings.md: the default study's job times per rule, from the last `make report`
+# in this checkout, headed by the commit and machine its runs recorded.
 report-timings: install
-	python -m seqmix benchmarks results/benchmarks --block report --readme README.md
+	python -m seqmix benchmarks results/benchmarks --markdown results/benchmarks.md
+	python -m tools.docs docs/report-timings.md results/benchmarks.md
 
 paper: install latex
 	$(SNAKEMAKE) --configfile config/paper.yaml
@@ -81,7 +83,8 @@ paper: install latex
 paper-smoke: install latex
 	$(SNAKEMAKE) --configfile config/paper-smoke.yaml
 	python -m seqmix benchmarks results/paper-smoke/benchmarks --out results/paper-smoke/benchmarks.csv \
-		--markdown results/paper-smoke/benchmarks.md --readme README.md
+		--markdown results/paper-smoke/benchmarks.md
+	python -m tools.docs docs/paper-smoke.md results/paper-smoke/benchmarks.md
 
 # The headline study (config/paper-headline.yaml): every run and its evaluation through the
 # DAG (target `runs`: no analysis, notebook or LaTeX), several jobs at once on each GPU with
@@ -99,7 +102,14 @@ paper-headline-smoke: install
 	SEQMIX_GPUS=fake0 $(MAKE) paper-headline HEADLINE=config/paper-headline-smoke.yaml JOB_THREADS=1
 
 plan: install
-	python -m seqmix plan --config config/paper.yaml --no-local-checks --out results/paper/plan.csv --readme README.md
+	python -m seqmix plan --config config/paper.yaml --no-local-checks --out results/paper/plan.csv \
+		--markdown results/paper/plan.md
+	python -m tools.docs docs/plan.md results/paper/plan.md
+
+# docs/blocks.md: each mixer's residual block and why, from the catalogue.
+docs-blocks: install
+	python -m seqmix mixers --blocks --markdown results/blocks.md
+	python -m tools.docs docs/blocks.md results/blocks.md
 
 # No `install` here: a GPU machine may have torch and Triton but no package registry; the
 # script installs .gpu-wheels/ (make gpu-wheels, where PyPI is reachable) when it must.

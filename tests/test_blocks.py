@@ -340,23 +340,21 @@ def test_dropout_acts_only_in_training():
     torch.testing.assert_close(block.eval()(x), b2(x))
 
 
-def test_the_readmes_table_of_blocks_is_the_catalogues():
-    """The README's table of blocks (between its markers, written by `python -m seqmix mixers
-    --readme README.md`) says of each mixer it lists what the catalogue says: a changed block
-    or reason shows here. A mixer catalogued since the table was written is only not listed
-    yet, as in the plan table, not a failure."""
-    from seqmix.report.mixer_table import README_MARKERS, blocks_markdown
+def test_the_docs_table_of_blocks_is_the_catalogues():
+    """docs/blocks.md's table (written by `make docs-blocks`) says of each mixer it lists what
+    the catalogue says: a changed block or reason shows here. A mixer catalogued since the
+    table was written is only not listed yet, as in the plan table, not a failure."""
+    from seqmix.report.mixer_table import blocks_markdown
+    from tools.docs import generated
 
     from .conftest import REPO
 
-    text = (REPO / "README.md").read_text()
-    begin, end = README_MARKERS
-    table = text[text.index(begin) + len(begin):text.index(end)].strip().splitlines()
-    generated = blocks_markdown().strip().splitlines()
-    assert table[:2] == generated[:2], "the table's header"
-    assert table[2:], "the README lists no mixer"
-    assert [row for row in generated if row in table[2:]] == table[2:], (
-        "the README's rows differ from the catalogue's: python -m seqmix mixers --readme README.md")
+    table = generated((REPO / "docs" / "blocks.md").read_text()).strip().splitlines()
+    rows = blocks_markdown().strip().splitlines()
+    assert table[:2] == rows[:2], "the table's header"
+    assert table[2:], "docs/blocks.md lists no mixer"
+    assert [row for row in rows if row in table[2:]] == table[2:], (
+        "docs/blocks.md's rows differ from the catalogue's: make docs-blocks")
 
 
 def test_positions_none_leaves_the_embedding_out_and_unknown_schemes_are_refused():

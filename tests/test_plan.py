@@ -13,7 +13,7 @@ from seqmix import measure
 from seqmix.measure import GIB, Count, step_bytes
 from seqmix.models.budget import BudgetError, solve_budget
 from seqmix.models.lm import CausalLM, LMConfig
-from seqmix.plan import README_BEGIN, README_END, measure_step, plan_rows, splice_between, totals
+from seqmix.plan import measure_step, plan_rows, totals
 from seqmix.preflight import budget_problems, complexity_problems, precision_problems
 from seqmix.study.load import validate_study
 from seqmix.study.table import run_spec, runs
@@ -267,12 +267,18 @@ def test_a_complexity_length_beyond_the_machines_memory_is_refused(tmp_path):
     assert "analysis.complexity.lengths' reaches L = 32" in problem and "mamba" in problem
 
 
-def test_the_readme_table_is_spliced_between_its_markers():
-    readme = f"intro\n{README_BEGIN}\nold table\n{README_END}\nrest\n"
-    out = splice_between(readme, README_BEGIN, README_END, "| new |\n")
-    assert out == f"intro\n{README_BEGIN}\n| new |\n{README_END}\nrest\n"
-    with pytest.raises(ValueError, match="no markers"):
-        splice_between("no markers", README_BEGIN, README_END, "x")
+def test_a_table_is_spliced_into_its_page_between_its_markers():
+    """tools.docs replaces a page's generated block, whole, and nothing else; a page without
+    exactly one block is refused."""
+    from tools.docs import BEGIN, END, generated, splice
+
+    page = f"# Title\nprose\n{BEGIN} `make x` -->\nold table\nold line\n{END}\nmore prose\n"
+    out = splice(page, "| new |")
+    assert out == f"# Title\nprose\n{BEGIN} `make x` -->\n| new |\n{END}\nmore prose\n"
+    assert generated(out) == "| new |\n"
+    for bad in ("no markers", page + page, f"{END}\n{BEGIN} -->\n"):
+        with pytest.raises(ValueError, match="needs one line"):
+            splice(bad, "x")
 
 
 def test_benchmark_files_are_summed_per_rule(tmp_path):

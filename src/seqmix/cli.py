@@ -316,15 +316,11 @@ def cmd_plan(args) -> int:
         write_csv(args.out, [*rows, plan.totals(rows)], plan.FIELDS)
     if args.markdown:
         write_text(args.markdown, table)
-    if args.readme:
-        write_text(args.readme, plan.splice_between(Path(args.readme).read_text(), plan.README_BEGIN,
-                                                     plan.README_END, table))
     return 4 if problems else 0
 
 
 def cmd_benchmarks(args) -> int:
     from seqmix.io import write_rows, write_text
-    from seqmix.plan import splice_between
     from seqmix.report import benchmarks
 
     rows = benchmarks.read_benchmarks(args.dir)
@@ -336,9 +332,6 @@ def cmd_benchmarks(args) -> int:
         write_rows(args.out, summary, benchmarks.RuleCost)
     if args.markdown:
         write_text(args.markdown, table)
-    if args.readme:
-        begin, end = benchmarks.README_MARKERS[args.block]
-        write_text(args.readme, splice_between(Path(args.readme).read_text(), begin, end, table))
     return 0
 
 
@@ -353,12 +346,12 @@ def cmd_record(args) -> int:
 
 def cmd_mixers(args) -> int:
     from seqmix.io import write_text
-    from seqmix.plan import splice_between
     from seqmix.report import mixer_table
 
-    if args.readme:
-        begin, end = mixer_table.README_MARKERS
-        write_text(args.readme, splice_between(Path(args.readme).read_text(), begin, end, mixer_table.blocks_markdown()))
+    if args.blocks:
+        print(mixer_table.blocks_markdown(), end="")
+        if args.markdown:
+            write_text(args.markdown, mixer_table.blocks_markdown())
         return 0
     options = load_study(args.config).mixers if args.config_options else {}
     mixer_table.print_mixers(args.d_model, args.max_len, options)
@@ -493,7 +486,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_summaries(sub) -> None:
     """The commands that plan, summarise or describe a study rather than run its jobs."""
-    from seqmix.report.benchmarks import README_MARKERS as README_BLOCKS  # torch-free
     sp = _add(sub, "plan", cmd_plan, "what the study costs (runs, tokens, FLOPs, memory, H100 hours) and what "
               "would fail at its shapes")
     sp.add_argument("--mfu", type=float, default=0.05, help="assumed model FLOP utilisation (default 0.05)")
@@ -504,7 +496,6 @@ def _add_summaries(sub) -> None:
                          "H100's; '' for none)")
     sp.add_argument("--out", help="also write the table as CSV here")
     sp.add_argument("--markdown", help="also write the Markdown table here")
-    sp.add_argument("--readme", help="replace the table between the plan markers of this README")
     sp.add_argument("--no-local-checks", action="store_true", help="skip the checks of this machine (GPU, memory)")
     sp.add_argument("--quiet", action="store_true")
 
@@ -513,15 +504,13 @@ def _add_summaries(sub) -> None:
     sp.add_argument("dir", help="<results_dir>/benchmarks")
     sp.add_argument("--out", help="also write the summary as CSV here")
     sp.add_argument("--markdown", help="also write the Markdown table here")
-    sp.add_argument("--readme", help="replace the table between this README's markers of --block")
-    sp.add_argument("--block", choices=sorted(README_BLOCKS), default="smoke",
-                    help="which README block: smoke (make paper-smoke) or report (make report)")
 
     sp = _add(sub, "mixers", cmd_mixers, "list every catalogued mixer with its parameter count at one width")
     sp.add_argument("--d-model", type=int, default=256)
     sp.add_argument("--max-len", type=int, default=128)
     sp.add_argument("--config-options", action="store_true", help="use the mixer options of --config")
-    sp.add_argument("--readme", help="instead, write the table of blocks between the blocks markers of this README")
+    sp.add_argument("--blocks", action="store_true", help="instead, the table of each mixer's residual block and why")
+    sp.add_argument("--markdown", help="with --blocks, also write that table here (docs/blocks.md: make docs-blocks)")
 
     sp = _add(sub, "concat", cmd_concat, "concatenate CSVs with the same columns", config=False)
     sp.add_argument("inputs", nargs="+")
