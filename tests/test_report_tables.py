@@ -119,7 +119,8 @@ def runs_csv(tmp_path, statuses=("ok", "ok")) -> pd.DataFrame:
                              eval_value=acc + seed / 100, test_value=acc + seed / 100, eval_split="validation",
                              test_split="test", run_dir=str(run), train_data="synthetic",
                              eval_data="synthetic val", test_data="synthetic test", eval_scored=100, test_scored=200,
-                             scored_unit="queries", tokenizer=None, wall_time_s=1800.0))
+                             scored_unit="queries", tokenizer=None, wall_time_s=1800.0,
+                             commit="0123456789abcdef", dirty=False, code_changed=""))
     return pd.DataFrame(rows)
 
 
@@ -139,8 +140,19 @@ def test_quality_setup_table_and_macros_read_the_runs(tmp_path):
     assert "synthetic val (100 queries scored)" in setup and "1{,}000 $\\times$ 8" in setup
     m = quality_tables.quality_macros(runs, summarise(runs), scope="a test")
     assert (m["numRuns"], m["numArchs"], m["architectures"], m["trainHours"]) == ("4", "2", "Softmax and Grassmann", "2.00")
-    assert (m["device"], m["commit"], m["tokenizer"], m["unfinished"]) == ("Test CPU", "0123456789", "synthetic only", "")
+    assert (m["device"], m["commit"], m["tokenizer"], m["unfinished"]) == (
+        "Test CPU", "at commit \\texttt{0123456789}", "synthetic only", "")
     assert m["mqar-softmax-params"] == "1{,}234"
+    assert m["code"] == ("The code of each run: 4 runs at \\texttt{0123456789}. "
+                         "Every run's recorded sources are this checkout's.")
+    # Runs from two commits, one from a dirty tree and one made by other code: the title points
+    # to the appendix, and the setup names the commits, the dirty run and the changed run.
+    runs.loc[0, ["commit", "dirty"]] = ["fedcba9876543210", True]
+    runs.loc[1, "code_changed"] = "src/seqmix/mixers/softmax.py"
+    m = quality_tables.quality_macros(runs, summarise(runs), scope="a test")
+    assert m["commit"] == "at the commits listed in Appendix~\\ref{app:provenance}"
+    assert "3 runs at \\texttt{0123456789}" in m["code"] and "1 run at \\texttt{fedcba9876} (1 with uncommitted" in m["code"]
+    assert "Made by other code than this checkout's" in m["code"] and "mqar/softmax/seed1" in m["code"]
 
 
 def test_a_task_whose_runs_all_diverged_is_said_so(tmp_path):
