@@ -250,8 +250,6 @@ def cmd_copy_probe(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    if args.what == "throughput":
-        return cmd_throughput(args)
     if args.what == "gpu-check":
         from seqmix.bench import gpucheck
 
@@ -275,7 +273,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_throughput(args) -> int:
-    from seqmix.bench.throughput import format_table, write_throughput
+    from seqmix.analysis.throughput import format_table, write_throughput
     from seqmix.study.jobs import ThroughputJob
     from seqmix.study.table import throughput_job
 
@@ -285,7 +283,7 @@ def cmd_throughput(args) -> int:
         spec = spec.model_copy(update={"lengths": args.lengths})
     if args.threads:
         spec = spec.model_copy(update={"threads": args.threads})
-    out = Path(args.out or "results/analysis/throughput.csv")
+    out = Path(args.out)
     rows = write_throughput(args.arch or job.architectures, spec, job.mixers, out,
                             progress=not args.quiet)
     print(format_table(rows))
@@ -423,17 +421,22 @@ def _add_analyses(sub) -> None:
     sp.add_argument("--out", default="results/analysis/geometry.csv")
     sp.add_argument("--threads", type=int, default=None)
 
+    sp = _add(sub, "throughput", cmd_throughput,
+              "training tokens/s of every causal mixer's LM beside softmax (analysis.throughput)")
+    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
+    sp.add_argument("--lengths", type=int, nargs="+", default=None, help="L values (default: analysis.throughput.lengths)")
+    sp.add_argument("--out", default="results/analysis/throughput.csv")
+    sp.add_argument("--arch", action="append", help="time only this architecture (repeatable; softmax is added)")
+    sp.add_argument("--threads", type=int, default=None, help="override analysis.throughput.threads")
+    sp.add_argument("--quiet", action="store_true")
+
     sp = _add(sub, "bench", cmd_bench,
               "kernels: Triton kernels vs references, SDPA and fla (GPU; CPU: smoke only); "
-              "throughput: training tokens/s of every causal mixer's LM beside softmax (analysis.throughput); "
               "gpu-check: everything a GPU can tell in 8 minutes, into results/bench/<gpu>/ (make gpu-check); "
               "steps: a paper-shape training step's writes, bytes and CPU time, this checkout beside --baseline")
-    sp.add_argument("what", choices=["kernels", "throughput", "gpu-check", "steps"])
-    sp.add_argument("--spec", help="throughput only: the job spec as JSON (what the Snakefile passes; instead of --config)")
-    sp.add_argument("--lengths", type=int, nargs="+", default=None,
-                    help="L values (kernels: default 256..65536; throughput: analysis.throughput.lengths)")
-    sp.add_argument("--out", default=None, help="CSV path (kernels: results/bench/<gpu>/kernels.csv; gpu-check: its directory, results/bench/<gpu>; "
-                                                "throughput: results/analysis/throughput.csv)")
+    sp.add_argument("what", choices=["kernels", "gpu-check", "steps"])
+    sp.add_argument("--lengths", type=int, nargs="+", default=None, help="kernels: L values (default 256..65536)")
+    sp.add_argument("--out", default=None, help="kernels: the CSV, results/bench/<gpu>/kernels.csv; gpu-check: its directory, results/bench/<gpu>")
     sp.add_argument("--batch", type=int, default=4, help="kernels; steps: the CPU-timed batch")
     sp.add_argument("--baseline", default="main", help="steps only: the git revision to compare with")
     sp.add_argument("--point", action="append", help="steps only: a task of config/paper.yaml (repeatable; "
@@ -450,9 +453,7 @@ def _add_analyses(sub) -> None:
     sp.add_argument("--cpu-smoke", action="store_true",
                     help="gpu-check only: every part at tiny sizes on the CPU (config/gpu-check-smoke.yaml), to "
                          "results/gpu-check-smoke/bench unless --out")
-    sp.add_argument("--arch", action="append", help="throughput: time only this architecture (repeatable; softmax is added); "
-                    "steps: this architecture (repeatable)")
-    sp.add_argument("--threads", type=int, default=None, help="throughput only: override analysis.throughput.threads")
+    sp.add_argument("--arch", action="append", help="steps only: this architecture (repeatable)")
     sp.add_argument("--quiet", action="store_true")
 
 

@@ -249,7 +249,7 @@ def _analysis_cases(study, profile: str) -> Iterator[Case]:
     for arch in filter(has_triton_path, tj.architectures):
         if not registry.mixer_class(arch).supports_causal:
             continue
-        def call(arch=arch):  # noqa: E306 - as bench.throughput.training_step builds them
+        def call(arch=arch):  # noqa: E306 - as analysis.throughput.training_step builds them
             for L in tp.lengths:
                 m = registry.build(arch, tp.d_model, causal=True, max_len=L, **tj.mixers.get(arch, {}))
                 _mixer_call(m, max(1, tp.tokens_per_batch // L), L, "fp32", True)
