@@ -1,5 +1,5 @@
 """Where the compile check's launches come from: the calls the project makes to its Triton
-kernels, as (origin, call) cases that ``seqmix.bench.compile_jit.record`` runs on fake tensors.
+kernels, as (origin, call) cases that ``tools.bench.compile_jit.record`` runs on fake tensors.
 
 - ``profiles``: config/config.yaml and config/paper.yaml: each run's mixers as training builds
   them, a training step (forward and backward under the run's precision) at the train batch
@@ -269,7 +269,7 @@ def profile_cases(root: Path = REPO) -> Iterator[Case]:
 
 
 def bench_cases() -> Iterator[Case]:
-    from seqmix.bench.kernels import CASES, DEFAULT_LENGTHS
+    from tools.bench.kernels import CASES, DEFAULT_LENGTHS
 
     lengths = sorted({*DEFAULT_LENGTHS, *BENCH_EXTRA_LENGTHS})
     for op, impl, case in CASES:

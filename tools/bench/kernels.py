@@ -1,6 +1,6 @@
 """Triton kernels vs their PyTorch references, SDPA attention and fla, over sequence length.
 
-``python -m seqmix bench kernels [--lengths 256 1024 ...] [--out results/bench/<gpu>/kernels.csv]``
+``python -m tools.bench kernels [--lengths 256 1024 ...] [--out results/bench/<gpu>/kernels.csv]``
 
 What is timed (the mixing cores only, no projections, batch ``--batch``, ``--dtype``):
 
@@ -29,7 +29,7 @@ bandwidth column is only for completeness). ``bandwidth_GBps`` = bytes_moved / t
 ``roofline_frac`` = that over the GPU's HBM bandwidth (table below; empty if unknown).
 
 Every case (op, impl, L) runs in a worker process under a time limit (``--case-timeout``,
-``seqmix.bench.watchdog``): a case that fails (a kernel that does not compile or launch) is a
+``tools.bench.watchdog``): a case that fails (a kernel that does not compile or launch) is a
 row with status ``failed: <error>``, its traceback printed verbatim; one that hangs or kills
 its process is a row ``timeout: …`` or ``crashed: …``; and the sweep goes on. fla's import is
 timed and, where it fails, its error printed verbatim and written in the fla rows' status.
@@ -48,15 +48,15 @@ import dataclasses
 import importlib
 import importlib.metadata
 import inspect
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from seqmix.bench.watchdog import Case, run_cases
+from seqmix.device import device_slug
 from seqmix.io import write_csv
+from tools.bench.watchdog import Case, run_cases
 
 FIELDS = ["op", "impl", "pass", "L", "batch", "d_model", "dtype", "time_ms", "peak_mem_bytes",
           "bytes_moved", "bandwidth_GBps", "roofline_frac", "status", "device", "torch",
@@ -97,10 +97,6 @@ class Sizes:
 
 PAPER_SIZES = Sizes()
 SMOKE_SIZES = Sizes(d_model=16, n_heads=2, rank=4, offsets=(1, 2), gla_dk=4, gla_dv=8, gla_chunk=16)
-
-
-def device_slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def hbm_bandwidth(name: str) -> float | None:
@@ -411,7 +407,7 @@ def run_sweep(lengths: list[int], out: Path | None, batch: int, dtype: str, ops:
     deadline = time.monotonic() + budget_s
     rows: list[dict] = []
     for L in lengths:
-        cases = [Case(f"{op}/{impl}/L{L}", "seqmix.bench.kernels:measure_case",
+        cases = [Case(f"{op}/{impl}/L{L}", "tools.bench.kernels:measure_case",
                       {"op": op, "impl": impl, "L": L, "batch": batch, "dtype": dtype, "smoke": smoke}, case_timeout_s)
                  for op, impl, _ in CASES if not ops or op in ops]
         outcomes = run_cases(cases, max(0.0, deadline - time.monotonic()))
@@ -438,7 +434,7 @@ def _interpreted(name: str):
     probe = {"grassmann": "_fwd_kernel", "gla": "_fwd_o_kernel", "tssa": "_causal_fwd_kernel"}[name]
     if not interpreted(getattr(mod, probe)):
         raise RuntimeError(f"seqmix.kernels.{name} was imported without TRITON_INTERPRET=1, so its kernels "
-                           "need a GPU: run `python -m seqmix bench kernels`, which sets it before importing them")
+                           "need a GPU: run `python -m tools.bench kernels`, which sets it before importing them")
     return mod
 
 
@@ -476,7 +472,7 @@ def smoke_cpu() -> dict[str, float]:
 def run(lengths: list[int] | None = None, out: Path | None = None, batch: int = 4,
         dtype: str = "bf16", ops: list[str] | None = None, case_timeout_s: float = 60.0,
         budget_s: float = 3600.0, interpret: bool = False) -> int:
-    """Entry point of ``python -m seqmix bench kernels``; returns the exit status."""
+    """Entry point of ``python -m tools.bench kernels``; returns the exit status."""
     if not torch.cuda.is_available() and not interpret:
         print("no GPU: CUDA is not available, so no timings were taken and no CSV is written.")
         print("Running each kernel once under the Triton interpreter against its reference "
