@@ -7,7 +7,8 @@ profiles, ``bench kernels`` and the kernel tests make (issue 24), on a machine w
 
 The check runs in a subprocess: the kernels must be defined outside the Triton interpreter,
 which tests/test_kernels.py switches on for the whole pytest process when it is collected.
-A kernel is added to the check by an entry in ``compile_check.KERNELS`` (see there).
+A kernel is added to the check by an entry in ``tools.bench.registry.KERNELS`` (see there),
+which the kernel bench reads too.
 """
 
 from __future__ import annotations
@@ -66,15 +67,15 @@ def test_tssa_kernels_compile_at_the_bench_launches(tmp_path):
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm80_and_sm90_at_every_launch(tmp_path):
-    from tools.bench import compile_check
-    from tools.bench.kernels import CASES as BENCH_CASES
+    from tools.bench.registry import CASES as BENCH_CASES
+    from tools.bench.registry import KERNELS
 
     _, report = _check(tmp_path)
     rows = report["rows"]
     # the cases reach every kernel module from every source that uses it (the bench times no
     # selective scan)
     benched = {op for op, impl, _ in BENCH_CASES if impl == "triton"}
-    for name in compile_check.KERNELS:
+    for name in KERNELS:
         origins = {o.split()[0] for r in rows if r["kernel"].startswith(f"{name}.") for o in r["origins"]}
         assert {"config", "paper", "tests"} | ({"bench"} if name in benched else set()) <= origins, (name, origins)
 
@@ -116,16 +117,16 @@ def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_doe
 
 def test_every_triton_kernel_module_is_in_the_check():
     """Each kernels/*.py with a ``@triton.jit`` kernel is named in ``seqmix.kernels.KERNELS``
-    and has a ``compile_cases.KERNELS`` entry for that module with its tests' shapes: Mamba's
+    and has a ``tools.bench.registry.KERNELS`` entry for that module with its tests' shapes: Mamba's
     scan, merged from another branch, once had none, and the check never compiled it."""
     from pathlib import Path
 
     from seqmix import kernels
-    from tools.bench import compile_cases
+    from tools.bench import registry
 
     with_jit = {p.stem for p in Path(kernels.__file__).parent.glob("*.py") if "@triton.jit" in p.read_text()}
-    assert with_jit == set(kernels.KERNELS) == set(compile_cases.KERNELS), (with_jit, sorted(kernels.KERNELS))
-    for name, entry in compile_cases.KERNELS.items():
+    assert with_jit == set(kernels.KERNELS) == set(registry.KERNELS), (with_jit, sorted(kernels.KERNELS))
+    for name, entry in registry.KERNELS.items():
         assert entry.module == kernels.KERNELS[name].split(":")[0], (name, entry.module)
         assert entry.tests is not None, name
 
@@ -138,7 +139,8 @@ def test_the_check_reaches_the_selective_scan_and_reports_a_scan_that_does_not_c
     script = textwrap.dedent('''
         import importlib, json
         from tools.bench import compile_check as cc
-        from tools.bench.compile_cases import KERNELS, profile_cases
+        from tools.bench.compile_cases import profile_cases
+        from tools.bench.registry import KERNELS
 
         modules = [importlib.import_module(e.module) for e in KERNELS.values()]
         scan = {KERNELS["selective_scan"].module}

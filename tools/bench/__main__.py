@@ -36,10 +36,11 @@ def cmd_steps(args) -> int:
 
 def cmd_kernels(args) -> int:
     from tools.bench import kernels
+    from tools.bench.registry import OPS
 
-    unknown = sorted(set(args.op or ()) - set(kernels.OPS))
+    unknown = sorted(set(args.op or ()) - set(OPS))
     if unknown:
-        raise ConfigError(f"unknown --op {', '.join(unknown)}; choose from {', '.join(kernels.OPS)}")
+        raise ConfigError(f"unknown --op {', '.join(unknown)}; choose from {', '.join(OPS)}")
     # without a GPU: interpreter smoke, exit 0
     return kernels.run(args.lengths, Path(args.out) if args.out else None, args.batch, args.dtype, args.op,
                        args.case_timeout, args.budget, args.interpret)
