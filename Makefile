@@ -117,7 +117,7 @@ gpu-check:
 	PYTHON=$(PYTHON) bash scripts/gpu-check.sh
 
 gpu-check-smoke: install
-	python -m seqmix bench gpu-check --cpu-smoke
+	python -m tools.bench gpu-check --cpu-smoke
 
 gpu-wheels:
 	PYTHON=$(PYTHON) bash scripts/gpu-wheels.sh
@@ -147,10 +147,10 @@ TRITON ?= 3.6.0
 JOBS ?= 2
 .PHONY: kernels-compile kernels-compile-check
 kernels-compile: install
-	env -u TRITON_INTERPRET python -m seqmix.bench.compile_check --jobs $(JOBS) \
+	env -u TRITON_INTERPRET python -m tools.bench.compile_check --jobs $(JOBS) \
 		--json results/kernels-compile/triton-pinned.json
 
 kernels-compile-check: install
 	@[ -f .triton-$(TRITON)/.installed ] || { python -m pip install -q --no-deps --target .triton-$(TRITON) triton==$(TRITON) && touch .triton-$(TRITON)/.installed; }
-	env -u TRITON_INTERPRET PYTHONPATH=$(abspath .triton-$(TRITON)) python -m seqmix.bench.compile_check \
+	env -u TRITON_INTERPRET PYTHONPATH=$(abspath .triton-$(TRITON)) python -m tools.bench.compile_check \
 		--jobs $(JOBS) --json results/kernels-compile/triton-$(TRITON).json

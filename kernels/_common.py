@@ -46,7 +46,7 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee"
 
 
-# Set by ``seqmix.bench.compile_check`` while it records launches for compilation: the
+# Set by ``tools.bench.compile_check`` while it records launches for compilation: the
 # tensors are then fake CPU tensors, nothing runs, and the host code must take the branch it
 # takes on a GPU (its tiles, its device check) on a GPU of ``_RECORDING["sms"]`` SMs.
 _RECORDING: dict[str, int] = {}

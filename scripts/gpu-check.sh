@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make gpu-check`: everything one GPU can tell this project in at most 8 minutes
-# (python -m seqmix bench gpu-check; seqmix/bench/gpucheck.py says what it runs), into
+# (python -m tools.bench gpu-check; tools/bench/gpucheck.py says what it runs), into
 # results/bench/<gpu>/, its whole output in gpu-check.log there.
 #
 # Where seqmix and its dependencies are not importable (a bare GPU image: Python 3.12,
@@ -28,10 +28,10 @@ if ! "$PYTHON" -c "import pydantic, seqmix.cli" 2>/dev/null; then
 fi
 export PYTHONUNBUFFERED=1
 log=$(mktemp)
-"$PYTHON" -m seqmix bench gpu-check "$@" 2>&1 | tee "$log"
+"$PYTHON" -m tools.bench gpu-check "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 echo "gpu-check: exit status $status, $(( $(date +%s) - start )) s in all (installation included)" | tee -a "$log"
-out=$("$PYTHON" -c "import torch; from seqmix.bench.kernels import device_slug; \
+out=$("$PYTHON" -c "import torch; from seqmix.device import device_slug; \
 print('results/bench/' + device_slug(torch.cuda.get_device_name(0)))" 2>/dev/null)
 if [ -n "$out" ] && [ -d "$out" ]; then
   cp "$log" "$out/gpu-check.log"

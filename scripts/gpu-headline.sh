@@ -5,7 +5,7 @@
 # .gpu-data/ and data/paper-headline/ (make gpu-data).
 #   1. the wheels into $PYTHON's environment, where they are not importable yet; seqmix is
 #      this checkout's src/ (PYTHONPATH), as every job of the DAG runs it;
-#   2. python -m seqmix.bench.packing: one run alone against six together, eager against
+#   2. python -m tools.bench.packing: one run alone against six together, eager against
 #      compiled steps (<= MEASURE_S); its choice of step and seeds is written into $HEADLINE,
 #      its slots per GPU passed on;
 #   3. make paper-headline (the runs, their evaluations, the recording), stopped at LIMIT_S;
@@ -51,7 +51,7 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" || exit 2
 results=$("$PYTHON" -c "from seqmix.study.load import load_study; print(load_study('$HEADLINE').results_dir)") || exit 2
 data=$("$PYTHON" -c "from seqmix.study.load import load_study; print(load_study('$HEADLINE').data.dir)") || exit 2
 # Its own folder: `make gpu-check` empties results/bench/<gpu>/ of files, not of folders.
-BENCH=${BENCH:-results/bench/$("$PYTHON" -c "import torch; from seqmix.bench.kernels import device_slug; \
+BENCH=${BENCH:-results/bench/$("$PYTHON" -c "import torch; from seqmix.device import device_slug; \
 print(device_slug(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else 'cpu')")/headline}
 mkdir -p "$BENCH"
 # Carried data keep their order in time (tokenizer, then the splits): the DAG does not redo them.
@@ -60,7 +60,7 @@ if [ -d "$data/tokenizer" ]; then
 fi
 stamp "installed"
 
-"$PYTHON" -m seqmix.bench.packing --config "$HEADLINE" --jobs "$PACK_JOBS" --modes "$PACK_MODES" \
+"$PYTHON" -m tools.bench.packing --config "$HEADLINE" --jobs "$PACK_JOBS" --modes "$PACK_MODES" \
   --steps "$PACK_STEPS" --window "$PACK_WINDOW" --measure-budget-s "$MEASURE_S" --deadline $(( t0 + LIMIT_S )) \
   --out "$BENCH/packing.csv" --choice "$BENCH/choice.json" --apply "$HEADLINE"
 slots=$("$PYTHON" -c "import json; print(json.load(open('$BENCH/choice.json'))['slots_per_gpu'])" 2>/dev/null || echo 6)

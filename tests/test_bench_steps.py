@@ -21,7 +21,7 @@ def _counted_step(mixer, x):
 
 
 def test_counting_as_on_a_gpu_takes_the_triton_scan_without_running_it():
-    from seqmix.bench.steps import _as_on_a_gpu
+    from tools.bench.steps import _as_on_a_gpu
 
     torch.manual_seed(0)
     mixer = build("mamba", 16, d_state=4, expand=1)

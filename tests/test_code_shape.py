@@ -1,6 +1,7 @@
 """The shape of the code base: no import cycle between seqmix's modules (imports inside
 functions included), no function over 60 lines outside the kernels, and no branching on
-task or mixer names outside the modules that own them."""
+task or mixer names outside the modules that own them; and the library imports nothing of
+the maintainer's tools (tools/)."""
 
 from __future__ import annotations
 
@@ -147,19 +148,13 @@ def test_no_code_names_a_task_kind_outside_its_owners(kind):
     assert not found, f"code branching on the task kind {kind!r}: {found}"
 
 
-# The Triton kernel benchmark and the compile check name their ops after the kernels
-# (kernels/<op>.py), which are named after the mixers they accelerate: op names, not
-# registry lookups.
-KERNEL_OP_NAMESPACES = (SRC / "bench" / "kernels.py", SRC / "bench" / "compile_cases.py")
-
-
 @pytest.mark.parametrize("name", catalogue.mixer_names())
 def test_a_mixer_name_lives_in_the_catalogue_and_its_own_module(name):
     module = catalogue.mixer_entry(name).path.partition(":")[0]
     own = SRC.parent / (module.replace(".", "/") + ".py")
     found = []
     for path in _code_files():
-        if path in (own, SRC / "catalogue.py", *KERNEL_OP_NAMESPACES):
+        if path in (own, SRC / "catalogue.py"):
             continue
         if path.suffix in (".py", ".ipynb"):
             hits = [line for line, value in _string_literals(path) if value == name]
@@ -176,7 +171,7 @@ STACK = [
     ("seqmix.cli", 15), ("seqmix.__main__", 15),
     ("seqmix.study.dag", 15),  # the Snakefile's entry point, as cli is the command line's (torch-free at import)
     ("seqmix.report", 14),
-    ("seqmix.analysis", 13), ("seqmix.bench", 13),
+    ("seqmix.analysis", 13),
     ("seqmix.train", 12),
     ("seqmix.plan", 11),
     ("seqmix.preflight", 10),
@@ -191,6 +186,7 @@ STACK = [
     ("seqmix.study.settings", 1), ("seqmix.study.jobs", 1), ("seqmix.study.sweep", 1),
     ("seqmix.study", 0),  # the package: its glossary; it imports nothing
     ("seqmix.sources", 0),  # read by the job table (the Snakefile's side) and by training
+    ("seqmix.device", 0),  # a device's folder name: the report's recordings and the GPU checks'
     ("seqmix.catalogue", 0), ("seqmix.io", 0), ("seqmix.errors", 0), ("seqmix.allocator", 0), ("seqmix.slots", 0),
     ("seqmix", 0),
 ]
@@ -221,6 +217,21 @@ def test_no_import_runs_up_the_stack():
               if None not in (layer(a), layer(b)) and layer(b) > layer(a)}
     assert not upward - set(KNOWN_UPWARD), "imports up the stack: " + "; ".join(
         f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})" for a, b in sorted(upward - set(KNOWN_UPWARD)))
+
+
+def _absolute_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+        n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+
+
+def test_the_library_imports_no_tool():
+    """src/seqmix (and kernels/, installed with it) is what the pipeline and a user's commands
+    run; the maintainer's checks in tools/ are built on it and never under it (issue 36)."""
+    mods = {**modules(), **{f"seqmix.kernels.{p.stem}": p for p in sorted((REPO / "kernels").glob("*.py"))}}
+    found = sorted(f"{name} imports {m}" for name, path in mods.items() for m in _absolute_imports(path)
+                   if m == "tools" or m.startswith("tools."))
+    assert not found, "move what the library needs out of tools/: " + "; ".join(found)
 
 
 def test_training_imports_nothing_above_tasks_and_models():

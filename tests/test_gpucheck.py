@@ -20,6 +20,8 @@ from seqmix.kernels import KERNELS
 from seqmix.plan import read_step_times
 from seqmix.report.complexity_tables import read_kernel_benchmarks
 
+from .conftest import REPO
+
 FILES = ["kernel_check.csv", "kernels.csv", "train_probe.csv", "compiled_step.csv", "train_run.csv", "summary.md",
          "meta.json"]
 
@@ -32,8 +34,9 @@ def rows(path: Path) -> list[dict]:
 def test_the_cpu_smoke_runs_every_part_and_writes_the_gpu_layout(tmp_path):
     out = tmp_path / "bench" / "cpu-smoke"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the CLI sets it for the smoke
+    env["PYTHONPATH"] = os.pathsep.join([*filter(None, [env.get("PYTHONPATH")]), str(REPO)])  # tools/: not installed
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "seqmix", "bench", "gpu-check", "--cpu-smoke", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "tools.bench", "gpu-check", "--cpu-smoke", "--out", str(out)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     print(f"gpu-check --cpu-smoke: {time.monotonic() - t0:.0f} s")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

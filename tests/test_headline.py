@@ -12,10 +12,10 @@ import json
 import pytest
 import yaml
 
-from seqmix.bench import packing
 from seqmix.preflight import solved_size
 from seqmix.study.load import load_study, read_config_file
 from seqmix.study.table import run_spec, runs
+from tools.bench import packing
 
 from .conftest import REPO, tiny_config
 from .test_dag import copy_workflow, planned_jobs, snakemake

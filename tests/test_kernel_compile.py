@@ -1,13 +1,14 @@
 """Every Triton kernel compiles for sm_80 and sm_90 at every launch the quick and paper
 profiles, ``bench kernels`` and the kernel tests make (issue 24), on a machine without a GPU:
-``seqmix.bench.compile_check``. Both sweeps are slow-marked, left out of CI: on the shared
+``tools.bench.compile_check``. Both sweeps are slow-marked, left out of CI: on the shared
 2-core machine the ToST subset took 17 min with Triton 3.6.0, and recording the full sweep's
 3,786 launches alone 9 min. ``make kernels-compile`` runs the full check with the pinned Triton,
 ``make kernels-compile-check`` with the oldest supported one (3.6.0, torch 2.11's).
 
 The check runs in a subprocess: the kernels must be defined outside the Triton interpreter,
 which tests/test_kernels.py switches on for the whole pytest process when it is collected.
-A kernel is added to the check by an entry in ``compile_check.KERNELS`` (see there).
+A kernel is added to the check by an entry in ``tools.bench.registry.KERNELS`` (see there),
+which the kernel bench reads too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import textwrap
 
 import pytest
 
+from .conftest import REPO
+
 pytest.importorskip("triton")
 
 JOBS = max(1, min(2, os.cpu_count() or 1))  # CI's machine has 2 cores
@@ -27,6 +30,7 @@ JOBS = max(1, min(2, os.cpu_count() or 1))  # CI's machine has 2 cores
 
 def _run(args: list[str], cwd=None, timeout: int = 3000) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([*filter(None, [env.get("PYTHONPATH")]), str(REPO)])  # tools/: not installed
     return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -35,7 +39,7 @@ def _check(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     """The check's exit and its JSON report; a kernel that fails to compile is named with the
     compiler's first error lines."""
     out = tmp_path / "compile.json"
-    proc = _run(["-m", "seqmix.bench.compile_check", "--json", str(out), "--jobs", str(JOBS), *args])
+    proc = _run(["-m", "tools.bench.compile_check", "--json", str(out), "--jobs", str(JOBS), *args])
     print(proc.stdout)  # the table (pytest -s, or on failure)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -63,15 +67,15 @@ def test_tssa_kernels_compile_at_the_bench_launches(tmp_path):
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm80_and_sm90_at_every_launch(tmp_path):
-    from seqmix.bench import compile_check
-    from seqmix.bench.kernels import CASES as BENCH_CASES
+    from tools.bench.registry import CASES as BENCH_CASES
+    from tools.bench.registry import KERNELS
 
     _, report = _check(tmp_path)
     rows = report["rows"]
     # the cases reach every kernel module from every source that uses it (the bench times no
     # selective scan)
     benched = {op for op, impl, _ in BENCH_CASES if impl == "triton"}
-    for name in compile_check.KERNELS:
+    for name in KERNELS:
         origins = {o.split()[0] for r in rows if r["kernel"].startswith(f"{name}.") for o in r["origins"]}
         assert {"config", "paper", "tests"} | ({"bench"} if name in benched else set()) <= origins, (name, origins)
 
@@ -92,7 +96,7 @@ def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_doe
     '''))
     script = textwrap.dedent('''
         import json, torch, badkernel
-        from seqmix.bench import compile_check as cc
+        from tools.bench import compile_check as cc
         from seqmix.kernels import _common
         x = torch.empty(64, dtype=torch.float32)
         launch = cc.Launch(badkernel.kernel, (cc._Pointer(x), 1, 32), {"K": K}, ["here"])
@@ -113,16 +117,16 @@ def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_doe
 
 def test_every_triton_kernel_module_is_in_the_check():
     """Each kernels/*.py with a ``@triton.jit`` kernel is named in ``seqmix.kernels.KERNELS``
-    and has a ``compile_cases.KERNELS`` entry for that module with its tests' shapes: Mamba's
+    and has a ``tools.bench.registry.KERNELS`` entry for that module with its tests' shapes: Mamba's
     scan, merged from another branch, once had none, and the check never compiled it."""
     from pathlib import Path
 
     from seqmix import kernels
-    from seqmix.bench import compile_cases
+    from tools.bench import registry
 
     with_jit = {p.stem for p in Path(kernels.__file__).parent.glob("*.py") if "@triton.jit" in p.read_text()}
-    assert with_jit == set(kernels.KERNELS) == set(compile_cases.KERNELS), (with_jit, sorted(kernels.KERNELS))
-    for name, entry in compile_cases.KERNELS.items():
+    assert with_jit == set(kernels.KERNELS) == set(registry.KERNELS), (with_jit, sorted(kernels.KERNELS))
+    for name, entry in registry.KERNELS.items():
         assert entry.module == kernels.KERNELS[name].split(":")[0], (name, entry.module)
         assert entry.tests is not None, name
 
@@ -134,8 +138,9 @@ def test_the_check_reaches_the_selective_scan_and_reports_a_scan_that_does_not_c
     compiler rejects (a chunk of 12 tokens: not a power of 2) is a failed row."""
     script = textwrap.dedent('''
         import importlib, json
-        from seqmix.bench import compile_check as cc
-        from seqmix.bench.compile_cases import KERNELS, profile_cases
+        from tools.bench import compile_check as cc
+        from tools.bench.compile_cases import profile_cases
+        from tools.bench.registry import KERNELS
 
         modules = [importlib.import_module(e.module) for e in KERNELS.values()]
         scan = {KERNELS["selective_scan"].module}
@@ -163,7 +168,7 @@ def test_a_profile_case_runs_a_mixer_as_training_and_evaluation_do():
     # What the profile cases call for every launch they record (on a CPU: the reference path);
     # it once imported a helper from where training no longer keeps it, unnoticed by the fast test.
     from seqmix import mixers
-    from seqmix.bench.compile_cases import _mixer_call
+    from tools.bench.compile_cases import _mixer_call
 
     mixer = mixers.build("softmax", 8, causal=True, max_len=16)
     _mixer_call(mixer, 2, 5, "fp32", True)

@@ -494,10 +494,10 @@ def test_a_kernel_that_fails_falls_back_to_its_reference_with_one_warning(arch, 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-GPU path of the command")
 def test_bench_kernels_cpu_smoke(tmp_path, capsys):
-    from seqmix.cli import main
+    from tools.bench.__main__ import main
 
     out = tmp_path / "kernels.csv"
-    assert main(["bench", "kernels", "--out", str(out)]) == 0
+    assert main(["kernels", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "no GPU" in text and "no timings" in text
     for name in ("grassmann", "gla", "tssa"):
@@ -508,18 +508,20 @@ def test_bench_kernels_cpu_smoke(tmp_path, capsys):
 def test_bench_cases_and_summary_without_gpu():
     """The benchmark's op builders run (reference impls, on the CPU) and its byte model and
     target ratios are computed from rows as documented."""
-    from seqmix.bench import kernels as bench
+    from seqmix.device import device_slug
+    from tools.bench import kernels as bench
+    from tools.bench import registry
 
-    for _op, impl, case in bench.CASES:
+    for _op, impl, case in registry.CASES:
         if impl in ("triton", "fla"):
             continue  # the kernels are covered above; fla is optional
         inputs, fn, (fwd_bytes, bwd_bytes) = case(impl, 1, 20, torch.float32, torch.device("cpu"))
         fn(*inputs).sum().backward()
         assert inputs[0].grad is not None and 0 < fwd_bytes < bwd_bytes  # bwd moves more
     # grassmann fwd: z + W + b read, g written, fp32
-    _, _, (fwd_bytes, _) = bench.grassmann_case("reference", 2, 8, torch.float32, "cpu")
+    _, _, (fwd_bytes, _) = registry.grassmann_case("reference", 2, 8, torch.float32, "cpu")
     assert fwd_bytes == 4 * (2 * 8 * 32 + 256 * 496 + 256 + 2 * 8 * 256)
-    assert bench.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     assert bench.hbm_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
     assert bench.hbm_bandwidth("NVIDIA H100 PCIe") == 2.0e12
     row = lambda op, impl, p, L, t: {"op": op, "impl": impl, "pass": p, "L": L, "time_ms": t,  # noqa: E731

@@ -164,7 +164,7 @@ def test_snakemake_passes_the_paper_profile_key_by_key(paper_dry_run):
     sparsity = _json_args(paper_dry_run, "sparsity", "--spec")
     assert sparsity and all(s["sparsity"] == study["analysis"]["sparsity"] and len(s["run_dirs"]) == 1 for s in sparsity)
     for command, section in (("complexity", "complexity"), ("sparsity-analytic", None), ("geometry", "geometry"),
-                             ("bench throughput", "throughput")):
+                             ("throughput", "throughput")):
         (spec,) = _json_args(paper_dry_run, command, "--spec")
         assert (spec[section] if section else spec) == study["analysis"][section or "sparsity_analytic"], command
     specs = _json_args(paper_dry_run, "train", "--spec")

@@ -71,7 +71,7 @@ def recorded(study, tmp_path_factory) -> Path:
 
 
 def test_record_copies_each_runs_small_outputs_under_study_device_and_date(study, recorded):
-    from seqmix.bench.kernels import device_slug
+    from seqmix.device import device_slug
 
     cfg = yaml.safe_load(study.read_text())
     (where,) = list((recorded / cfg["profile"]).iterdir())

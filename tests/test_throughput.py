@@ -1,4 +1,4 @@
-"""The throughput benchmark (seqmix/bench/throughput.py): what it measures and writes, not
+"""The throughput benchmark (seqmix/analysis/throughput.py): what it measures and writes, not
 how fast anything is (speed targets live in the benchmark's output, never in a test)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from seqmix.bench import throughput
+from seqmix.analysis import throughput
 from seqmix.cli import main
 from seqmix.study.settings import ThroughputSettings
 
@@ -43,7 +43,7 @@ def test_cli_writes_the_csv_from_the_config_section(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "throughput.csv"
-    assert main(["bench", "throughput", "--config", str(path), "--out", str(out), "--quiet"]) == 0
+    assert main(["throughput", "--config", str(path), "--out", str(out), "--quiet"]) == 0
     rows = list(csv.DictReader(out.open()))
     assert [r["arch"] for r in rows] == ["softmax", "tssa"]
     assert set(throughput.FIELDS) == set(rows[0])

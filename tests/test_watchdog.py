@@ -1,4 +1,4 @@
-"""seqmix.bench.watchdog: cases in worker processes under time limits. A case that hangs or
+"""tools.bench.watchdog: cases in worker processes under time limits. A case that hangs or
 kills its worker costs that case alone, and is a row saying so; what a case prints reaches
 the log verbatim. The helpers below are the cases (the workers import this module, which
 therefore imports nothing heavy)."""
@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from seqmix.bench.watchdog import Case, run_cases
+from tools.bench.watchdog import Case, run_cases
 
 HERE = "tests.test_watchdog"
 

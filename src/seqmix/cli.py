@@ -23,7 +23,6 @@ from seqmix.study.settings import MIRROR_ENV
 
 REFERENCE_ENV = "SEQMIX_REFERENCE_MIXERS"  # 1: plain PyTorch mixers everywhere (dispatch setting "reference")
 SYSTEM_MALLOC_ENV = "SEQMIX_SYSTEM_MALLOC"  # 1: glibc's malloc defaults (seqmix.allocator not applied)
-INTERPRET_ENV = "TRITON_INTERPRET"  # set to 1 by `bench kernels` on a machine without a GPU
 COMMIT_ENV = "SEQMIX_GIT_COMMIT"  # the commit a copy of the checkout without .git came from (provenance)
 # seqmix.slots.SLOT_ENV, SEQMIX_GPU_SLOT: the GPU slot a training or evaluation job holds (provenance)
 # MIRROR_ENV, SEQMIX_DATA_MIRROR: the raw-data mirror when data.mirror is null, given to data jobs
@@ -46,14 +45,6 @@ def read_environment(args) -> None:
     from seqmix.train import provenance
 
     provenance.configure(gpu_slot=os.environ.get(SLOT_ENV), commit=os.environ.get(COMMIT_ENV))
-    if args.command == "bench" and args.what in ("kernels", "gpu-check"):
-        import torch
-
-        # Triton chooses interpreter or compiler when it decorates a kernel, i.e. when a kernel
-        # module is imported: decided here, before any is (the workers these commands start
-        # inherit it).
-        if not torch.cuda.is_available() or args.cpu_smoke:
-            os.environ[INTERPRET_ENV] = "1"
 
 
 def parse_spec(model, text: str):
@@ -249,33 +240,8 @@ def cmd_copy_probe(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    if args.what == "throughput":
-        return cmd_throughput(args)
-    if args.what == "gpu-check":
-        from seqmix.bench import gpucheck
-
-        return gpucheck.run(smoke=args.cpu_smoke, out=Path(args.out) if args.out else None)
-    if args.what == "steps":
-        from seqmix.bench import steps
-
-        if not args.arch or not args.point:
-            raise ConfigError("bench steps needs --arch and --point (each repeatable), e.g. --arch h3 --point wikitext2")
-        print(steps.run(args.baseline, args.arch, args.point, args.batch, args.rounds, args.steps,
-                        progress=not args.quiet))
-        return 0
-    from seqmix.bench import kernels
-
-    unknown = sorted(set(args.op or ()) - set(kernels.OPS))
-    if unknown:
-        raise ConfigError(f"unknown --op {', '.join(unknown)}; choose from {', '.join(kernels.OPS)}")
-    # without a GPU: interpreter smoke, exit 0
-    return kernels.run(args.lengths, Path(args.out) if args.out else None, args.batch, args.dtype, args.op,
-                       args.case_timeout, args.budget, args.interpret)
-
-
 def cmd_throughput(args) -> int:
-    from seqmix.bench.throughput import format_table, write_throughput
+    from seqmix.analysis.throughput import format_table, write_throughput
     from seqmix.study.jobs import ThroughputJob
     from seqmix.study.table import throughput_job
 
@@ -285,7 +251,7 @@ def cmd_throughput(args) -> int:
         spec = spec.model_copy(update={"lengths": args.lengths})
     if args.threads:
         spec = spec.model_copy(update={"threads": args.threads})
-    out = Path(args.out or "results/analysis/throughput.csv")
+    out = Path(args.out)
     rows = write_throughput(args.arch or job.architectures, spec, job.mixers, out,
                             progress=not args.quiet)
     print(format_table(rows))
@@ -416,36 +382,13 @@ def _add_analyses(sub) -> None:
     sp.add_argument("--out", default="results/analysis/geometry.csv")
     sp.add_argument("--threads", type=int, default=None)
 
-    sp = _add(sub, "bench", cmd_bench,
-              "kernels: Triton kernels vs references, SDPA and fla (GPU; CPU: smoke only); "
-              "throughput: training tokens/s of every causal mixer's LM beside softmax (analysis.throughput); "
-              "gpu-check: everything a GPU can tell in 8 minutes, into results/bench/<gpu>/ (make gpu-check); "
-              "steps: a paper-shape training step's writes, bytes and CPU time, this checkout beside --baseline")
-    sp.add_argument("what", choices=["kernels", "throughput", "gpu-check", "steps"])
-    sp.add_argument("--spec", help="throughput only: the job spec as JSON (what the Snakefile passes; instead of --config)")
-    sp.add_argument("--lengths", type=int, nargs="+", default=None,
-                    help="L values (kernels: default 256..65536; throughput: analysis.throughput.lengths)")
-    sp.add_argument("--out", default=None, help="CSV path (kernels: results/bench/<gpu>/kernels.csv; gpu-check: its directory, results/bench/<gpu>; "
-                                                "throughput: results/analysis/throughput.csv)")
-    sp.add_argument("--batch", type=int, default=4, help="kernels; steps: the CPU-timed batch")
-    sp.add_argument("--baseline", default="main", help="steps only: the git revision to compare with")
-    sp.add_argument("--point", action="append", help="steps only: a task of config/paper.yaml (repeatable; "
-                    "the CPU is timed at the first)")
-    sp.add_argument("--rounds", type=int, default=3, help="steps only: timing rounds (the versions alternate)")
-    sp.add_argument("--steps", type=int, default=1, help="steps only: timed training steps per case and round")
-    sp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="kernels only")
-    sp.add_argument("--op", action="append", help="kernels only: benchmark only this op (repeatable)")
-    sp.add_argument("--case-timeout", type=float, default=60.0,
-                    help="kernels only: seconds one case (op, impl, L) may take; past it the case is a timeout row")
-    sp.add_argument("--budget", type=float, default=3600.0, help="kernels only: seconds the whole sweep may take")
-    sp.add_argument("--interpret", action="store_true",
-                    help="kernels only, without a GPU: run the sweep under the Triton interpreter (times mean nothing)")
-    sp.add_argument("--cpu-smoke", action="store_true",
-                    help="gpu-check only: every part at tiny sizes on the CPU (config/gpu-check-smoke.yaml), to "
-                         "results/gpu-check-smoke/bench unless --out")
-    sp.add_argument("--arch", action="append", help="throughput: time only this architecture (repeatable; softmax is added); "
-                    "steps: this architecture (repeatable)")
-    sp.add_argument("--threads", type=int, default=None, help="throughput only: override analysis.throughput.threads")
+    sp = _add(sub, "throughput", cmd_throughput,
+              "training tokens/s of every causal mixer's LM beside softmax (analysis.throughput)")
+    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
+    sp.add_argument("--lengths", type=int, nargs="+", default=None, help="L values (default: analysis.throughput.lengths)")
+    sp.add_argument("--out", default="results/analysis/throughput.csv")
+    sp.add_argument("--arch", action="append", help="time only this architecture (repeatable; softmax is added)")
+    sp.add_argument("--threads", type=int, default=None, help="override analysis.throughput.threads")
     sp.add_argument("--quiet", action="store_true")
 
 
@@ -536,7 +479,12 @@ def _add_summaries(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; a known failure (bad config or spec, bad data, a file that cannot be
     read or written, a run directory in use) prints one line naming the cause and the fix."""
-    args = build_parser().parse_args(argv)
+    return run_command(build_parser().parse_args(argv))
+
+
+def run_command(args) -> int:
+    """Run a parsed command (this parser's, or ``python -m tools.bench``'s) after
+    ``read_environment``; a known failure is one line and its exit status."""
     from seqmix.data.manifest import DataError
     from seqmix.io import FileError, write_failure
 

@@ -34,7 +34,7 @@ architecture:
 
 Measured step times (``--measured``, default ``results/bench/nvidia-h100-80gb-hbm3``): the
 ``train_probe.csv`` that ``make gpu-check`` writes there, the step time of each (task point,
-architecture) of the paper profile on that GPU (``seqmix.bench.train_probe``). A measurement
+architecture) of the paper profile on that GPU (``tools.bench.train_probe``). A measurement
 applies to every point whose step costs the same (``preflight.cost_key``: its sweep's learning
 rates) where the model is the one measured (same parameters, batch and precision); a run then
 costs its steps × the measured step time, and its periodic evaluations their FLOPs at the MFU
@@ -70,7 +70,7 @@ DEFAULT_MFU = 0.05
 FIELDS = ["task", "arch", "block", "runs", "params", "tokens", "pflop", "act_gib", "train_gib", "h100_hours",
           "basis", "assumed_mfu_hours"]
 # The H100 whose peak is H100_BF16_PEAK: where `make gpu-check` writes its step times
-# (kernels.device_slug of "NVIDIA H100 80GB HBM3"), and where the plan reads them.
+# (seqmix.device.device_slug of "NVIDIA H100 80GB HBM3"), and where the plan reads them.
 MEASURED_DIR = Path("results/bench") / "nvidia-h100-80gb-hbm3"
 STEP_TIMES = "train_probe.csv"
 

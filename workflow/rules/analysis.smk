@@ -43,7 +43,7 @@ rule complexity:
 
 
 rule throughput:
-    # Training tokens/s of every causal mixer's LM beside softmax (seqmix/bench/throughput.py).
+    # Training tokens/s of every causal mixer's LM beside softmax (seqmix/analysis/throughput.py).
     input:
         code=JOBS.code("throughput"),
     output:
@@ -63,7 +63,7 @@ rule throughput:
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix bench throughput --spec {params.spec:q} --quiet --out {output:q} > {log:q} 2>&1"
+        "python -m seqmix throughput --spec {params.spec:q} --quiet --out {output:q} > {log:q} 2>&1"
 
 
 SPARSITY_RUN = f"{RESULTS}/analysis/sparsity/{RUN}.csv"

@@ -1,1 +1,1 @@
-"""Analyses: cost vs sequence length, Su's attention sparsity, Grassmann geometry."""
+"""Analyses: cost vs sequence length, training throughput, Su's attention sparsity, Grassmann geometry."""

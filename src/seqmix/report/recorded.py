@@ -92,7 +92,7 @@ def _one(values: Iterable[Any]) -> Any:
 
 
 def _meta(study, config, dirs: dict[str, Path], command: str, made_by: str | None, commit: str | None) -> dict:
-    from seqmix.bench.kernels import device_slug
+    from seqmix.device import device_slug
 
     prov = {name: read_json(d / "provenance.json") for name, d in dirs.items()}
     metrics = {name: read_json(d / "metrics.json") for name, d in dirs.items()}

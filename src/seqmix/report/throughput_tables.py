@@ -1,5 +1,5 @@
 """The throughput notebook's numbers: the setting the benchmark ran in and the throughput
-table, from ``throughput.csv`` (seqmix/bench/throughput.py)."""
+table, from ``throughput.csv`` (seqmix/analysis/throughput.py)."""
 
 from __future__ import annotations
 
@@ -45,4 +45,4 @@ def throughput_table(tp: pd.DataFrame) -> str:
               f"median of {int(first.repeats)} rounds of {int(first.steps)} steps; every round times every "
               "architecture in turn, and the ratio to softmax is taken within a round (median over rounds), "
               "so the load of the machine affects all alike. Above 1: faster than softmax. "
-              "Produced by \\texttt{python -m seqmix bench throughput}."))
+              "Produced by \\texttt{python -m seqmix throughput}."))

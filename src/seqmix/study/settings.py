@@ -337,7 +337,7 @@ class CopyProbeSettings(Section):
 
 
 class ThroughputSettings(Section):
-    """Training tokens/s of every causal mixer's LM beside softmax (seqmix/bench/throughput.py)."""
+    """Training tokens/s of every causal mixer's LM beside softmax (seqmix/analysis/throughput.py)."""
 
     lengths: list[int] = Field([64, 1024], min_length=1, description="sequence lengths L")
     d_model: int = Field(64, ge=1)

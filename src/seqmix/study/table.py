@@ -318,7 +318,7 @@ def job_code(study: Study) -> dict[str, Any]:
     analyses = {
         "collect": ["seqmix.report.collect"],
         "complexity": ["seqmix.analysis.complexity", *mixers(complexity_architectures(study))],
-        "throughput": ["seqmix.bench.throughput", *mixers([*throughput_architectures(study), catalogue.BASELINE])],
+        "throughput": ["seqmix.analysis.throughput", *mixers([*throughput_architectures(study), catalogue.BASELINE])],
         "sparsity_run": ["seqmix.analysis.sparsity"],
         "sparsity_analytic": ["seqmix.analysis.su"],
         "geometry": ["seqmix.analysis.geometry"],

@@ -32,9 +32,9 @@ import warnings
 import torch
 
 from seqmix import catalogue, mixers
-from seqmix.bench.kernels import versions
 from seqmix.mixers import dispatch
 from seqmix.study.load import load_study
+from tools.bench.kernels import versions
 
 FIELDS = ["arch", "form", "dtype", "L", "d_model", "batch", "setting", "kernels", "paths", "out_err", "grad_err",
           "worst_grad", "tolerance", "finite", "fast_s", "status", "device", "torch", "triton"]

@@ -1,6 +1,6 @@
 """Compile every Triton kernel for sm_80 and sm_90 at every launch the project makes, on a CPU.
 
-``python -m seqmix.bench.compile_check [--arch 80 90] [--source ...] [--kernel ...]
+``python -m tools.bench.compile_check [--arch 80 90] [--source ...] [--kernel ...]
 [--json FILE] [--jobs N]`` prints kernel × specialisation × arch -> ok or the compiler's first
 error lines, and exits 1 if a launch fails to compile or a kernel has no case (issue 24).
 The launches come from ``compile_cases``; ``compile_jit`` records, specialises and compiles
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from seqmix.bench.compile_cases import KERNELS, SOURCES
-from seqmix.bench.compile_jit import (  # noqa: F401 - re-exported for tests
+from tools.bench.compile_cases import SOURCES
+from tools.bench.compile_jit import (  # noqa: F401 - re-exported for tests
     TARGETS,
     Launch,
     _Pointer,
@@ -31,6 +31,7 @@ from seqmix.bench.compile_jit import (  # noqa: F401 - re-exported for tests
     record,
     specialise,
 )
+from tools.bench.registry import KERNELS
 
 # ---------------------------------------------------------------------------------------
 # Report
@@ -107,7 +108,7 @@ def check(archs: list[int], sources: list[str], out: Path | None = None, jobs: i
     from seqmix import kernels as package
 
     if set(KERNELS) != set(package.KERNELS):
-        progress(f"seqmix.kernels.KERNELS ({sorted(package.KERNELS)}) and this check's KERNELS "
+        progress(f"seqmix.kernels.KERNELS ({sorted(package.KERNELS)}) and tools.bench.registry.KERNELS "
                  f"({sorted(KERNELS)}) must name the same kernels: add the new one to both")
         return 1
     modules = [importlib.import_module(e.module) for e in KERNELS.values()]
@@ -126,7 +127,7 @@ def check(archs: list[int], sources: list[str], out: Path | None = None, jobs: i
     progress(f"{len(tasks)} compiles ({', '.join(f'sm_{a}: {len(specs[a])}' for a in archs)}) in "
              f"{time.time() - t0:.0f} s with {jobs} process(es)")
     rows = rows_of(results)
-    problems += [f"{m}: no case launches it (add its launches to seqmix.bench.compile_check.KERNELS)"
+    problems += [f"{m}: no case launches it (add its launches to tools.bench.registry.KERNELS)"
                  for m in uncovered([m for m in modules if m.__name__ in chosen], rows)]
     failed = [r for r in rows if any(r.get(f"sm_{a}") != "ok" for a in archs)]
     progress(f"Triton {triton.__version__}, torch {torch.__version__}: {len(rows)} kernel specialisations, "
@@ -145,7 +146,7 @@ def check(archs: list[int], sources: list[str], out: Path | None = None, jobs: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m seqmix.bench.compile_check", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench.compile_check", description=__doc__.split("\n")[0])
     p.add_argument("--arch", type=int, nargs="+", choices=sorted(TARGETS), default=sorted(TARGETS),
                    help="compute capabilities to compile for")
     p.add_argument("--source", nargs="+", choices=list(SOURCES), default=list(SOURCES), help="where the launches come from")

@@ -1,7 +1,7 @@
 """What one training step of a paper-profile model costs, for this checkout and an earlier
 revision side by side in one run: aten ops that write, bytes written and CPU time.
 
-``python -m seqmix bench steps --baseline main --arch mamba --arch h3 --arch performer
+``python -m tools.bench steps --baseline main --arch mamba --arch h3 --arch performer
 --point wikitext2 --point mqar/L64-kv4/d512-lr0.000464159 --point mqar/L512-kv64/d256-lr0.000464159``
 
 Models are built as ``plan`` builds them (budget solved, native block, options) at points of
@@ -36,8 +36,8 @@ from unittest import mock
 
 import torch
 
-REPO = Path(__file__).resolve().parents[3]
-THIS_MEASURE = Path(__file__).resolve().parents[1] / "measure.py"
+REPO = Path(__file__).resolve().parents[2]
+THIS_MEASURE = REPO / "src" / "seqmix" / "measure.py"
 
 
 # ------------------------------------------------------------------------------------------
@@ -81,9 +81,9 @@ def _as_on_a_gpu():
     tensors, with every Triton kernel's launch skipped: its op still allocates and returns
     its outputs (values unset), which is all that is counted, so no interpreter runs. The
     backward check a GPU runs once per signature is skipped too."""
+    import seqmix.kernels
     import triton
 
-    import seqmix.kernels
     from seqmix.mixers import dispatch
 
     with contextlib.ExitStack() as stack:

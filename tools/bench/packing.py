@@ -1,5 +1,5 @@
 """One run alone against several together on one GPU, with the eager and the compiled step
-(``python -m seqmix.bench.packing --config config/paper-headline.yaml``): what
+(``python -m tools.bench.packing --config config/paper-headline.yaml``): what
 scripts/gpu-headline.sh measures before the headline study, and the choices it takes from it.
 
 ``--jobs`` K worker processes (the study's runs seed by seed: architectures and seeds as it
@@ -167,7 +167,7 @@ class Handle:
     def __init__(self, run: dict, config: str, modes: tuple[str, ...]):
         self.run = run
         payload = json.dumps({**run, "config": config, "modes": list(modes)})
-        self.proc = subprocess.Popen([sys.executable, "-u", "-m", "seqmix.bench.packing", "--worker", payload],
+        self.proc = subprocess.Popen([sys.executable, "-u", "-m", "tools.bench.packing", "--worker", payload],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
         self.replies: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -387,7 +387,7 @@ def apply(path: str | os.PathLike, choice: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m seqmix.bench.packing", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench.packing", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="config/paper-headline.yaml")
     p.add_argument("--jobs", type=int, default=6, help="K: the runs together (the study's, in order)")
     p.add_argument("--steps", type=int, default=30, help="steps (and evaluation batches) timed alone")

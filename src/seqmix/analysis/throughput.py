@@ -1,7 +1,7 @@
 """Cost in practice: training tokens/s of every causal mixer's language model, side by side
 with softmax attention, on the machine at hand.
 
-``python -m seqmix bench throughput [--config …] [--out results/analysis/throughput.csv]``
+``python -m seqmix throughput [--config …] [--out results/analysis/throughput.csv]``
 
 For every length L of ``analysis.throughput`` and every causal architecture (softmax is
 always added: it is the baseline), a ``CausalLM`` of the configured width, depth,

@@ -1,19 +1,19 @@
-"""``make gpu-check`` (``python -m seqmix bench gpu-check``): what one available GPU can tell
+"""``make gpu-check`` (``python -m tools.bench gpu-check``): what one available GPU can tell
 this project, in one command that ends within 8 minutes on an H100.
 
 Five parts, each with its own time budget (``BUDGETS_S``; a part that runs out records what it
 had and the cases it did not reach, and the next part starts on time), each case of a part in a
-worker process under its own time limit (``seqmix.bench.watchdog``: a hang or a crash costs
+worker process under its own time limit (``tools.bench.watchdog``: a hang or a crash costs
 that case alone and is a row saying so, errors are printed verbatim), every file written into
-``results/bench/<gpu>/`` (``<gpu>``: ``kernels.device_slug`` of the device name):
+``results/bench/<gpu>/`` (``<gpu>``: ``seqmix.device.device_slug`` of the device name):
 
 - ``kernel_check.csv``: every Triton kernel of ``seqmix.kernels.KERNELS`` against its
   reference through the mixers that call it, fp32 and bf16, forward and every gradient, at
-  awkward lengths (``seqmix.bench.kernel_check``), at the paper profile's width and options;
-- ``kernels.csv``: ``python -m seqmix bench kernels`` at L 1k-16k, bf16, batch 4 (the report's
+  awkward lengths (``tools.bench.kernel_check``), at the paper profile's width and options;
+- ``kernels.csv``: ``python -m tools.bench kernels`` at L 1k-16k, bf16, batch 4 (the report's
   kernel table reads it), each case at most ``CASE_S["kernels"]`` s;
 - ``train_probe.csv``: the paper profile's step time, memory and MFU per (task point,
-  architecture) at the points of the committed H100 table (``seqmix.bench.train_probe``;
+  architecture) at the points of the committed H100 table (``tools.bench.train_probe``;
   ``python -m seqmix plan`` reads this file);
 - ``compiled_step.csv``: the eager and the ``train.compile`` step side by side, WikiText-2's
   softmax first, then the slowest eager steps, as many as the budget allows;
@@ -42,12 +42,13 @@ from pathlib import Path
 import torch
 
 from seqmix import REPO_ROOT, catalogue, plan
-from seqmix.bench import kernel_check, kernels, train_probe
-from seqmix.bench.watchdog import Case, Outcome, run_cases
+from seqmix.device import device_slug
 from seqmix.io import write_csv, write_json, write_text
 from seqmix.study.load import load_study
 from seqmix.study.table import groups, run_spec, study_tasks, task_architectures
 from seqmix.train.provenance import git_commit, package_versions
+from tools.bench import kernel_check, kernels, train_probe
+from tools.bench.watchdog import Case, Outcome, run_cases
 
 BUDGETS_S = {"kernel_check": 80, "kernels": 70, "train_probe": 90, "compiled_step": 110, "train": 70}
 SMOKE_BUDGETS_S = {"kernel_check": 120, "kernels": 60, "train_probe": 60, "compiled_step": 120, "train": 150}
@@ -77,7 +78,7 @@ class Setup:
             return cls(True, out or Path("results/gpu-check-smoke/bench"), device, SMOKE, SMOKE, dict(SMOKE_BUDGETS_S))
         if not torch.cuda.is_available():
             raise RuntimeError("gpu-check needs a GPU (CUDA is not available); --cpu-smoke runs it on the CPU")
-        return cls(False, out or Path("results/bench") / kernels.device_slug(device), device, PAPER, TRAIN,
+        return cls(False, out or Path("results/bench") / device_slug(device), device, PAPER, TRAIN,
                    dict(BUDGETS_S))
 
 
@@ -100,7 +101,7 @@ def part_kernel_check(s: Setup) -> tuple[list[dict], list[str]]:
     d_model = 16 if s.smoke else 256
     dtypes, lengths = (["fp32"], kernel_check.SMOKE_LENGTHS) if s.smoke else (["fp32", "bf16"], kernel_check.LENGTHS)
     setting = "triton" if s.smoke else "auto"
-    cases = [Case(f"{arch}/{form}/{dtype}/L{L}", "seqmix.bench.kernel_check:check_case",
+    cases = [Case(f"{arch}/{form}/{dtype}/L{L}", "tools.bench.kernel_check:check_case",
                   {"config": s.shapes_config, "arch": arch, "form": form, "dtype": dtype, "L": L, "d_model": d_model,
                    "batch": 2, "setting": setting}, CASE_S["kernel_check"])
              for arch, form in kernel_check.cases(list(study.mixers) if s.smoke else None)
@@ -128,7 +129,7 @@ def probe_points(s: Setup, baseline: list[dict]) -> list[tuple[str, str]]:
 
 
 def part_train_probe(s: Setup, baseline: list[dict]) -> tuple[list[dict], list[str]]:
-    cases = [Case(f"{point}/{arch}", "seqmix.bench.train_probe:probe_case",
+    cases = [Case(f"{point}/{arch}", "tools.bench.train_probe:probe_case",
                   {"config": s.shapes_config, "point": point, "arch": arch}, CASE_S["train_probe"])
              for point, arch in probe_points(s, baseline)]
     outcomes = run_cases(cases, s.budgets["train_probe"])
@@ -145,7 +146,7 @@ def part_compiled_step(s: Setup, probe: list[dict]) -> tuple[list[dict], list[st
     eager = sorted((r for r in ok if r["task"] == point), key=lambda r: -float(r["step_ms"]))
     order = [catalogue.BASELINE] + [r["arch"] for r in eager if r["arch"] != catalogue.BASELINE]
     archs = [a for a in order if any(r["arch"] == a for r in eager)][: 1 if s.smoke else None]
-    cases = [Case(f"{point}/{arch}/compiled", "seqmix.bench.train_probe:compiled_case",
+    cases = [Case(f"{point}/{arch}/compiled", "tools.bench.train_probe:compiled_case",
                   {"config": s.shapes_config, "point": point, "arch": arch}, CASE_S["compiled_step"]) for arch in archs]
     outcomes = run_cases(cases, s.budgets["compiled_step"])
     rows = _as_task(_failed_rows(cases, outcomes, ("point", "arch")))

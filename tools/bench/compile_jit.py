@@ -24,7 +24,7 @@ import torch
 
 # Compute capability -> SMs of the GPU it stands for (A100 SXM, H100 SXM): only grid sizes use it.
 TARGETS = {80: 108, 90: 132}
-Case = tuple  # (origin, call): see seqmix.bench.compile_cases
+Case = tuple  # (origin, call): see tools.bench.compile_cases
 
 
 
@@ -131,6 +131,7 @@ def _gpu_host_code(modules: list, sink: dict[tuple, Launch], origin: list[str], 
     modules named in ``kept`` kept in ``sink``; none is run: the tensors are
     fake (shapes, dtypes, strides; no arithmetic), so paper-sized batches cost nothing."""
     from seqmix.kernels import _common
+
     from seqmix.mixers import dispatch
 
     def keep(kernel):

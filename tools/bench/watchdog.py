@@ -2,7 +2,7 @@
 (a kernel compiling for minutes, an import that blocks) or kills its process (an assertion
 in a compiler) costs that case alone.
 
-``run_cases(cases, budget_s)`` starts ``python -m seqmix.bench.watchdog`` and hands it the
+``run_cases(cases, budget_s)`` starts ``python -m tools.bench.watchdog`` and hands it the
 cases; the worker runs them in order, announcing each (``@@start <id>``) and returning its rows
 (``@@done <id> <json>``); anything else it prints is passed through as it comes, so compiler
 errors appear verbatim. A case that runs past its ``timeout_s``, or past the budget of the whole
@@ -83,7 +83,7 @@ class _Run:
     def worker(self) -> None:
         """Run the cases left in one worker until they are done, or until one hangs, kills
         the worker or runs out of budget (it is killed then and ends that way)."""
-        proc = subprocess.Popen([sys.executable, "-m", "seqmix.bench.watchdog"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "tools.bench.watchdog"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
         proc.stdin.write(json.dumps([dataclasses.asdict(c) for c in self.left]))
         proc.stdin.close()
@@ -146,7 +146,7 @@ def run_cases(cases: list[Case], budget_s: float, echo: Callable[[str], None] | 
 
 
 # ------------------------------------------------------------------------------------------
-# The worker: python -m seqmix.bench.watchdog, the cases as JSON on stdin.
+# The worker: python -m tools.bench.watchdog, the cases as JSON on stdin.
 # ------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
 """Where the compile check's launches come from: the calls the project makes to its Triton
-kernels, as (origin, call) cases that ``seqmix.bench.compile_jit.record`` runs on fake tensors.
+kernels, as (origin, call) cases that ``tools.bench.compile_jit.record`` runs on fake tensors.
 
 - ``profiles``: config/config.yaml and config/paper.yaml: each run's mixers as training builds
   them, a training step (forward and backward under the run's precision) at the train batch
@@ -10,142 +10,39 @@ kernels, as (origin, call) cases that ``seqmix.bench.compile_jit.record`` runs o
 - ``bench``: ``bench kernels``'s triton cases at batch 4, its lengths and the GPU
   correctness lengths, in bf16, fp16 and fp32, forward and backward. It has none for Mamba's
   selective scan (not timed there), so the scan's launches come from the other two sources.
-- ``tests``: each kernel's test shapes (the ``*_CASES`` tables of tests/test_kernels.py).
+- ``tests``: each kernel's test shapes (the ``*_CASES`` tables of tests/test_kernels.py), as its
+  registry entry launches them.
 
 Mamba reaches its scan as the other mixers reach their kernels (``dispatch``'s Triton path);
 the scan's halves are ``torch.library`` custom ops, whose host code the recording runs in
 place of their fake impls (``compile_jit``).
 
 Not covered: the sparsity and geometry analyses and generation (no kernel there).
-A new kernel is one ``KERNELS`` entry here (and its name in ``seqmix.kernels.KERNELS``).
+A new kernel is one entry of ``tools.bench.registry.KERNELS`` (and its function in
+``seqmix.kernels.KERNELS``).
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
-from seqmix import REPO_ROOT as REPO  # the checkout: its tests/ and config/ are read
+from seqmix import REPO_ROOT as REPO  # the checkout: its config/ is read
+from tools.bench.registry import KERNELS, Case, backward, dtype_name
 
 PROFILES = ("config/config.yaml", "config/paper.yaml")
 BENCH_BATCH = 4
 BENCH_EXTRA_LENGTHS = (1, 63, 1000, 4096)  # the GPU correctness check's lengths (bench's case builders)
 BENCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-Case = tuple[str, Callable[[], None]]  # (where the launch comes from, a call that launches it)
-
-
-# ---------------------------------------------------------------------------------------
-# The kernels, and each one's own test shapes
-# ---------------------------------------------------------------------------------------
-
-
-def _tables(path: Path, *names: str) -> dict[str, list]:
-    """Module-level list literals of a test file, read without importing it (the kernel tests
-    set TRITON_INTERPRET=1 at import)."""
-    tree = ast.parse(path.read_text())
-    return {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-            for t in node.targets if isinstance(t, ast.Name) and t.id in names}
-
-
-def _kernel_test_table(name: str) -> list:
-    path = REPO / "tests" / "test_kernels.py"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is not here (an installed copy has no tests): run from a checkout, "
-                                "or leave out --source tests")
-    return _tables(path, name)[name]
-
-
-def _test_dtypes() -> tuple[torch.dtype, ...]:
-    return (torch.float32, torch.float16)  # the tests' dtypes: fp32, and fp16 for the AMP path
-
-
-def _grassmann_tests() -> Iterator[Case]:
-    from seqmix.kernels.grassmann import grassmann_mix
-
-    for B, L, r, d, offsets, normalize, bias in _kernel_test_table("GRASSMANN_CASES"):
-        for dt in _test_dtypes():
-            def call(B=B, L=L, r=r, d=d, offsets=offsets, normalize=normalize, bias=bias, dt=dt):
-                z, W = _param(B, L, r, dtype=dt), _param(d, r * (r - 1) // 2, dtype=dt)
-                _backward(grassmann_mix(z, W, _param(d, dtype=dt) if bias else None, offsets, normalize))
-            yield f"tests grassmann B{B} L{L} r{r} d{d} {_dt(dt)}", call
-
-
-def _gla_tests() -> Iterator[Case]:
-    from seqmix.kernels.gla import chunk_gla
-
-    for B, H, L, Dk, Dv, chunk, _gate in _kernel_test_table("GLA_CASES"):
-        for dt in _test_dtypes():
-            def call(B=B, H=H, L=L, Dk=Dk, Dv=Dv, chunk=chunk, dt=dt):
-                q, k, la = (_param(B, H, L, Dk, dtype=dt) for _ in range(3))
-                _backward(chunk_gla(q, k, _param(B, H, L, Dv, dtype=dt), la, chunk))
-            yield f"tests gla B{B} H{H} L{L} Dk{Dk} Dv{Dv} chunk{chunk} {_dt(dt)}", call
-
-
-def _tssa_tests() -> Iterator[Case]:
-    from seqmix.kernels.tssa import tssa
-
-    for B, H, L, p, causal in _kernel_test_table("TSSA_CASES"):
-        for dt in _test_dtypes():
-            def call(B=B, H=H, L=L, p=p, causal=causal, dt=dt):
-                bias = _param(H, L + 3, 1, dtype=dt) if causal else None
-                _backward(tssa(_param(B, H, L, p, dtype=dt), _param(H, dtype=dt), bias, causal))
-            yield f"tests tssa B{B} H{H} L{L} p{p} {'causal' if causal else 'non-causal'} {_dt(dt)}", call
-
-
-def _selective_scan_tests() -> Iterator[Case]:
-    from seqmix.kernels.selective_scan import selective_scan
-
-    for Bt, D, N, L, _strong, skip_and_gate in _kernel_test_table("SCAN_CASES"):
-        for dt in _test_dtypes():
-            def call(Bt=Bt, D=D, N=N, L=L, skip_and_gate=skip_and_gate, dt=dt):
-                # 16-bit u, B, C, z beside fp32 Δ, A, D: what the layer passes under autocast
-                # (tests/test_kernels.py's half-input test); all fp32 otherwise
-                u, B, C = _param(Bt, D, L, dtype=dt), _param(Bt, N, L, dtype=dt), _param(Bt, N, L, dtype=dt)
-                delta, A = _param(Bt, D, L), _param(D, N)
-                skip, z = (_param(D), _param(Bt, D, L, dtype=dt)) if skip_and_gate else (None, None)
-                _backward(selective_scan(u, delta, A, B, C, skip, z))
-            yield (f"tests selective_scan Bt{Bt} D{D} N{N} L{L} {'with' if skip_and_gate else 'without'} D, z "
-                   f"{_dt(dt)}"), call
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelEntry:
-    """A module of Triton kernels: every module-level ``@triton.jit`` kernel in it must compile
-    at every launch; ``tests`` yields launches at its own tests' shapes (None: no such shapes)."""
-
-    module: str
-    tests: Callable[[], Iterator[Case]] | None = None
-
-
-KERNELS: dict[str, KernelEntry] = {
-    "grassmann": KernelEntry("seqmix.kernels.grassmann", _grassmann_tests),
-    "gla": KernelEntry("seqmix.kernels.gla", _gla_tests),
-    "tssa": KernelEntry("seqmix.kernels.tssa", _tssa_tests),
-    "selective_scan": KernelEntry("seqmix.kernels.selective_scan", _selective_scan_tests),
-}
 
 
 # ---------------------------------------------------------------------------------------
 # Fake inputs
 # ---------------------------------------------------------------------------------------
-
-
-def _dt(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float", "fp")
-
-
-def _param(*shape: int, dtype=torch.float32) -> torch.Tensor:
-    return torch.empty(*shape, dtype=dtype, requires_grad=True)
-
-
-def _backward(out: torch.Tensor) -> None:
-    out.backward(torch.empty_like(out))
 
 
 def _mixer_call(mixer, batch: int, length: int, precision: str, train: bool) -> None:
@@ -158,7 +55,7 @@ def _mixer_call(mixer, batch: int, length: int, precision: str, train: bool) -> 
     with autocast(torch.device("cpu"), precision if train else "fp32"), torch.set_grad_enabled(train):
         y = mixer(x)
     if train:
-        _backward(y)
+        backward(y)
 
 
 def has_triton_path(arch: str) -> bool:
@@ -249,7 +146,7 @@ def _analysis_cases(study, profile: str) -> Iterator[Case]:
     for arch in filter(has_triton_path, tj.architectures):
         if not registry.mixer_class(arch).supports_causal:
             continue
-        def call(arch=arch):  # noqa: E306 - as bench.throughput.training_step builds them
+        def call(arch=arch):  # noqa: E306 - as analysis.throughput.training_step builds them
             for L in tp.lengths:
                 m = registry.build(arch, tp.d_model, causal=True, max_len=L, **tj.mixers.get(arch, {}))
                 _mixer_call(m, max(1, tp.tokens_per_batch // L), L, "fp32", True)
@@ -269,24 +166,23 @@ def profile_cases(root: Path = REPO) -> Iterator[Case]:
 
 
 def bench_cases() -> Iterator[Case]:
-    from seqmix.bench.kernels import CASES, DEFAULT_LENGTHS
+    from tools.bench.kernels import DEFAULT_LENGTHS
 
     lengths = sorted({*DEFAULT_LENGTHS, *BENCH_EXTRA_LENGTHS})
-    for op, impl, case in CASES:
-        if impl != "triton":
+    for op, kernel in KERNELS.items():
+        if kernel.bench is None:
             continue
         for dtype in BENCH_DTYPES:
-            def call(case=case, dtype=dtype):
+            def call(case=kernel.bench, dtype=dtype):
                 for L in lengths:
                     inputs, fn, _ = case("triton", BENCH_BATCH, L, dtype, torch.device("cpu"))
-                    _backward(fn(*inputs))
-            yield f"bench {op} b{BENCH_BATCH} L{_span(lengths)} {_dt(dtype)}", call
+                    backward(fn(*inputs))
+            yield f"bench {op} b{BENCH_BATCH} L{_span(lengths)} {dtype_name(dtype)}", call
 
 
 def test_cases() -> Iterator[Case]:
-    for entry in KERNELS.values():
-        if entry.tests is not None:
-            yield from entry.tests()
+    for kernel in KERNELS.values():
+        yield from kernel.tests()
 
 
 SOURCES: dict[str, Callable[[], Iterator[Case]]] = {"profiles": profile_cases, "bench": bench_cases,

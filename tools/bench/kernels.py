@@ -1,8 +1,9 @@
 """Triton kernels vs their PyTorch references, SDPA attention and fla, over sequence length.
 
-``python -m seqmix bench kernels [--lengths 256 1024 ...] [--out results/bench/<gpu>/kernels.csv]``
+``python -m tools.bench kernels [--lengths 256 1024 ...] [--out results/bench/<gpu>/kernels.csv]``
 
-What is timed (the mixing cores only, no projections, batch ``--batch``, ``--dtype``):
+What is timed (the mixing cores only, no projections, batch ``--batch``, ``--dtype``; each
+op's case builder is its entry of ``tools.bench.registry.KERNELS``):
 
 - ``grassmann``: z (B, L, r=32) -> g (B, L, d=256), offsets (1, 2, 4, 8, 12, 16), normalised
   (the paper's sizes, Zhang 2025, arXiv:2512.19428, §3.2 and §4.1); impls ``triton`` (kernels.grassmann) and
@@ -29,7 +30,7 @@ bandwidth column is only for completeness). ``bandwidth_GBps`` = bytes_moved / t
 ``roofline_frac`` = that over the GPU's HBM bandwidth (table below; empty if unknown).
 
 Every case (op, impl, L) runs in a worker process under a time limit (``--case-timeout``,
-``seqmix.bench.watchdog``): a case that fails (a kernel that does not compile or launch) is a
+``tools.bench.watchdog``): a case that fails (a kernel that does not compile or launch) is a
 row with status ``failed: <error>``, its traceback printed verbatim; one that hangs or kills
 its process is a row ``timeout: …`` or ``crashed: …``; and the sweep goes on. fla's import is
 timed and, where it fails, its error printed verbatim and written in the fla rows' status.
@@ -44,19 +45,18 @@ times of the interpreter (no benchmark: how ``gpu-check --cpu-smoke`` proves the
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.metadata
-import inspect
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from seqmix.bench.watchdog import Case, run_cases
+from seqmix.device import device_slug
 from seqmix.io import write_csv
+from tools.bench.registry import CASES, PAPER_SIZES, SMOKE_SIZES, FlaUnavailable, Sizes
+from tools.bench.watchdog import Case, run_cases
 
 FIELDS = ["op", "impl", "pass", "L", "batch", "d_model", "dtype", "time_ms", "peak_mem_bytes",
           "bytes_moved", "bandwidth_GBps", "roofline_frac", "status", "device", "torch",
@@ -81,28 +81,6 @@ HBM_BYTES_PER_S = [
     ("V100", 0.9e12),
 ]
 
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    """The ops' sizes besides batch and L: the paper's (above), or the CPU smoke's (tiny: the
-    interpreter runs the kernels through numpy)."""
-
-    d_model: int = 256
-    n_heads: int = 4
-    rank: int = 32  # Grassmann
-    offsets: tuple[int, ...] = (1, 2, 4, 8, 12, 16)
-    gla_dk: int = 32  # per head: GLA defaults at d=256 (expand_k 0.5)
-    gla_dv: int = 64
-    gla_chunk: int = 64
-
-
-PAPER_SIZES = Sizes()
-SMOKE_SIZES = Sizes(d_model=16, n_heads=2, rank=4, offsets=(1, 2), gla_dk=4, gla_dv=8, gla_chunk=16)
-
-
-def device_slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
 def hbm_bandwidth(name: str) -> float | None:
     for key, bw in HBM_BYTES_PER_S:
         if key.lower() in name.lower():
@@ -120,126 +98,6 @@ def versions() -> dict[str, str]:
     return out
 
 
-# -------------------------------------------------------------------------------------
-# The ops: each returns (inputs that take gradients, fn(*inputs) -> output, bytes model)
-# -------------------------------------------------------------------------------------
-
-
-def _nbytes(*shapes_and_dtype) -> int:
-    *shapes, dtype = shapes_and_dtype
-    size = torch.empty((), dtype=dtype).element_size()
-    return sum(size * int(torch.Size(s).numel()) for s in shapes)
-
-
-def grassmann_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
-    from seqmix.mixers.grassmann import grassmann_mix_reference
-
-    r, d, offsets = sizes.rank, sizes.d_model, sizes.offsets
-    C = r * (r - 1) // 2
-    z = torch.randn(B, L, r, device=device, dtype=dtype, requires_grad=True)
-    W = (torch.randn(d, C, device=device, dtype=dtype) / r).requires_grad_()
-    b = torch.zeros(d, device=device, dtype=dtype, requires_grad=True)
-    if impl == "triton":
-        from seqmix.kernels.grassmann import grassmann_mix as fn
-    else:
-        fn = grassmann_mix_reference
-    fwd = _nbytes((B, L, r), (d, C), (d,), (B, L, d), dtype)
-    bwd = _nbytes((B, L, d), (B, L, r), (d, C), (B, L, r), (d, C), (d,), dtype)
-    return [z, W, b], lambda z, W, b: fn(z, W, b, offsets, True, 1e-6), (fwd, bwd)
-
-
-class FlaUnavailable(RuntimeError):
-    """flash-linear-attention is not installed, or its import failed (the message says how)."""
-
-
-def _fla_chunk_gla():
-    """fla's chunk_gla as f(q, k, v, log_alpha) on (B, H, L, ·) tensors; FlaUnavailable with
-    the import's own error (printed verbatim) where it cannot be imported."""
-    import traceback
-
-    t0 = time.perf_counter()
-    try:
-        from fla.ops.gla import chunk_gla as fla_chunk_gla
-    except ModuleNotFoundError as err:
-        raise FlaUnavailable(f"not installed ({err})") from None
-    except Exception as err:  # noqa: BLE001 - any import failure: said verbatim
-        traceback.print_exception(err)
-        raise FlaUnavailable(f"import fla.ops.gla failed: {type(err).__name__}: {err}") from None
-    print(f"  from fla.ops.gla import chunk_gla: {time.perf_counter() - t0:.1f} s", flush=True)
-    params = inspect.signature(fla_chunk_gla).parameters
-
-    def run(q, k, v, g):
-        if "head_first" in params:  # older fla: (B, H, T, K) when head_first=True
-            out = fla_chunk_gla(q, k, v, g, scale=1.0, head_first=True)
-        else:  # current fla: (B, T, H, K)
-            t = lambda x: x.transpose(1, 2)  # noqa: E731
-            out = fla_chunk_gla(t(q), t(k), t(v), t(g), scale=1.0)
-            out = (t(out[0]),) + tuple(out[1:]) if isinstance(out, tuple) else t(out)
-        return out[0] if isinstance(out, tuple) else out
-
-    return run
-
-
-def gla_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
-    from seqmix.mixers.gla import gla_chunk_reference
-
-    H, K, V, chunk = sizes.n_heads, sizes.gla_dk, sizes.gla_dv, sizes.gla_chunk
-    q = (torch.randn(B, H, L, K, device=device, dtype=dtype) * K**-0.5).requires_grad_()
-    k = torch.randn(B, H, L, K, device=device, dtype=dtype, requires_grad=True)
-    v = torch.randn(B, H, L, V, device=device, dtype=dtype, requires_grad=True)
-    la = (torch.nn.functional.logsigmoid(torch.randn(B, H, L, K, device=device)) / 16)
-    la = la.to(dtype).requires_grad_()
-    if impl == "triton":
-        from seqmix.kernels.gla import chunk_gla
-
-        fn = lambda q, k, v, la: chunk_gla(q, k, v, la, chunk)  # noqa: E731
-    elif impl == "fla":
-        fn = _fla_chunk_gla()
-    else:
-        fn = lambda q, k, v, la: gla_chunk_reference(q, k, v, la, chunk)  # noqa: E731
-    fwd = _nbytes((B, H, L, K), (B, H, L, K), (B, H, L, K), (B, H, L, V), (B, H, L, V), dtype)
-    bwd = 2 * _nbytes((B, H, L, K), (B, H, L, K), (B, H, L, K), (B, H, L, V), dtype) + _nbytes(
-        (B, H, L, V), dtype)
-    return [q, k, v, la], fn, (fwd, bwd)
-
-
-def tssa_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
-    from seqmix.mixers.tssa import tssa_reference
-
-    H, P = sizes.n_heads, sizes.d_model // sizes.n_heads
-    w = torch.randn(B, H, L, P, device=device, dtype=dtype, requires_grad=True)
-    temp = torch.ones(H, device=device, dtype=dtype, requires_grad=True)
-    bias = torch.zeros(H, L, 1, device=device, dtype=dtype, requires_grad=True)
-    if impl == "triton":
-        from seqmix.kernels.tssa import tssa as fn
-    else:
-        fn = tssa_reference
-    fwd = _nbytes((B, H, L, P), (B, H, L, P), dtype)
-    bwd = _nbytes((B, H, L, P), (B, H, L, P), (B, H, L, P), dtype)
-    return [w, temp, bias], lambda w, t, b: fn(w, t, b, True), (fwd, bwd)
-
-
-def sdpa_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
-    H, Dh = sizes.n_heads, sizes.d_model // sizes.n_heads
-    q, k, v = (torch.randn(B, H, L, Dh, device=device, dtype=dtype, requires_grad=True)
-               for _ in range(3))
-    fn = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    fwd = _nbytes(*[(B, H, L, Dh)] * 4, dtype)
-    bwd = _nbytes(*[(B, H, L, Dh)] * 8, dtype)
-    return [q, k, v], fn, (fwd, bwd)
-
-
-CASES: list[tuple[str, str, Callable]] = [
-    ("grassmann", "triton", grassmann_case),
-    ("grassmann", "reference", grassmann_case),
-    ("gla", "triton", gla_case),
-    ("gla", "fla", gla_case),
-    ("gla", "reference", gla_case),
-    ("tssa", "triton", tssa_case),
-    ("tssa", "reference", tssa_case),
-    ("attention", "sdpa", sdpa_case),
-]
-OPS = list(dict.fromkeys(op for op, _, _ in CASES))  # the kernels' op names (kernels/<op>.py) and SDPA
 
 
 # -------------------------------------------------------------------------------------
@@ -411,7 +269,7 @@ def run_sweep(lengths: list[int], out: Path | None, batch: int, dtype: str, ops:
     deadline = time.monotonic() + budget_s
     rows: list[dict] = []
     for L in lengths:
-        cases = [Case(f"{op}/{impl}/L{L}", "seqmix.bench.kernels:measure_case",
+        cases = [Case(f"{op}/{impl}/L{L}", "tools.bench.kernels:measure_case",
                       {"op": op, "impl": impl, "L": L, "batch": batch, "dtype": dtype, "smoke": smoke}, case_timeout_s)
                  for op, impl, _ in CASES if not ops or op in ops]
         outcomes = run_cases(cases, max(0.0, deadline - time.monotonic()))
@@ -438,7 +296,7 @@ def _interpreted(name: str):
     probe = {"grassmann": "_fwd_kernel", "gla": "_fwd_o_kernel", "tssa": "_causal_fwd_kernel"}[name]
     if not interpreted(getattr(mod, probe)):
         raise RuntimeError(f"seqmix.kernels.{name} was imported without TRITON_INTERPRET=1, so its kernels "
-                           "need a GPU: run `python -m seqmix bench kernels`, which sets it before importing them")
+                           "need a GPU: run `python -m tools.bench kernels`, which sets it before importing them")
     return mod
 
 
@@ -476,7 +334,7 @@ def smoke_cpu() -> dict[str, float]:
 def run(lengths: list[int] | None = None, out: Path | None = None, batch: int = 4,
         dtype: str = "bf16", ops: list[str] | None = None, case_timeout_s: float = 60.0,
         budget_s: float = 3600.0, interpret: bool = False) -> int:
-    """Entry point of ``python -m seqmix bench kernels``; returns the exit status."""
+    """Entry point of ``python -m tools.bench kernels``; returns the exit status."""
     if not torch.cuda.is_available() and not interpret:
         print("no GPU: CUDA is not available, so no timings were taken and no CSV is written.")
         print("Running each kernel once under the Triton interpreter against its reference "
