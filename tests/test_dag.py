@@ -247,7 +247,7 @@ def dry_run_after_editing(src: Path, work: Path, module: Path) -> subprocess.Com
 
 
 def test_editing_one_mixer_reruns_its_runs_and_what_reads_them_nothing_else(full_run):
-    # Each job's code is among its inputs (seqmix.sources): Grassmann's module trains, evaluates
+    # Each job depends on its code (seqmix.sources): Grassmann's module trains, evaluates
     # and is timed in Grassmann's jobs only, and the analyses that build every mixer.
     src, work = full_run
     proc = dry_run_after_editing(src, work, src / "src" / "seqmix" / "mixers" / "grassmann.py")

@@ -73,11 +73,11 @@ rule sparsity_run:
     # One job per trained run, so the Jacobians are computed while other runs still train.
     input:
         model=run_file("model.pt"),
-        code=JOBS.code("sparsity_run"),
     output:
         SPARSITY_RUN,
     params:
         spec=lambda w: JOBS.sparsity_spec(w.task, w.arch, w.seed),
+        code=JOBS.code_digest("sparsity_run"),  # a param: see Jobs.code_digest
     log:
         log_file("sparsity_run", RUN),
     benchmark:

@@ -18,9 +18,6 @@ rule runs:
 rule train:
     input:
         data=lambda w: JOBS.data_file("manifest.json", JOBS.group_of(w.task)),
-        # The code that trains it (its mixer's and task's modules, the training loop, what
-        # they import): an edit reruns exactly the runs it trains, and what reads them.
-        code=lambda w: JOBS.code("train", w.task, w.arch),
     output:
         metrics=run_file("metrics.json"),
         model=run_file("model.pt"),
@@ -29,6 +26,9 @@ rule train:
         config=run_file("config.json"),
     params:
         spec=lambda w: JOBS.run_spec(w.task, w.arch, w.seed),
+        # The digest of the code that trains it (its mixer's and task's modules, the training
+        # loop, what they import): an edit reruns exactly the runs it trains, and what reads them.
+        code=lambda w: JOBS.code_digest("train", w.task, w.arch),
     log:
         log_file("train", RUN),
     benchmark:
@@ -47,11 +47,11 @@ rule eval:
     input:
         metrics=run_file("metrics.json"),
         model=run_file("model.pt"),
-        code=lambda w: JOBS.code("eval", w.task, w.arch),
     output:
         run_file("eval.json"),
     params:
         run=lambda w: run_file("", w.task, w.arch, w.seed),  # the run directory
+        code=lambda w: JOBS.code_digest("eval", w.task, w.arch),
     log:
         log_file("eval", RUN),
     benchmark:

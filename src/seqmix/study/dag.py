@@ -162,6 +162,7 @@ class Jobs:
         self.report: str = table["paths"]["report"]  # the study's own report folder (study.report_dir)
         self._runs = {(r["task"], r["arch"], str(r["seed"])): r for r in table["runs"]}
         self._sparsity = {(r["task"], r["arch"], str(r["seed"])): r for r in table["sparsity_runs"]}
+        self._digests: dict[str, str | None] = {}  # each source file's, read once per parse
 
     # -- names and paths ---------------------------------------------------------------------
 
@@ -247,6 +248,19 @@ class Jobs:
         if job == "data":
             return code["data"][task]
         return code["tokenizer"] if job == "tokenizer" else code["analyses"][job]
+
+    def code_digest(self, job: str, task: str | None = None, arch: str | None = None) -> str:
+        """One digest of a job's sources (``code``): each file's path (from the checkout's
+        root) and content. The per-run rules (train, eval, sparsity_run) take it as a param,
+        not the files as inputs: ~50 files times hundreds of jobs as inputs cost Snakemake's
+        scheduler half a core in `make report` (it sizes every ready job's inputs each round),
+        and a changed param reruns a job as a newer input does."""
+        h = hashlib.sha256()
+        for f in sorted(self.code(job, task, arch)):
+            if f not in self._digests:
+                self._digests[f] = sha256_of(f)
+            h.update(f"{os.path.relpath(f, SRC.parent)} {self._digests[f]}\n".encode())
+        return h.hexdigest()[:16]
 
     def resources(self, rule: str) -> dict[str, Any]:
         """``mem_mb`` and ``runtime`` of a rule's jobs, from the config's ``resources``;
