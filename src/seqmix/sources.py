@@ -39,9 +39,10 @@ def library_dirs() -> frozenset[Path]:
 
 
 def of_this_project(path: Path) -> bool:
-    """The checkout's own files (src/, kernels/), and a user's modules outside any library."""
+    """The checkout's own files (src/, kernels/), and a user's modules outside any library;
+    never a library's, even one inside the checkout (`make install` puts its venv in .venv/)."""
     path = path.resolve()
-    return path.is_relative_to(REPO_ROOT) or not any(path.is_relative_to(d) for d in library_dirs())
+    return not any(path.is_relative_to(d) for d in library_dirs())
 
 
 @functools.cache

@@ -163,6 +163,7 @@ class Jobs:
         self._runs = {(r["task"], r["arch"], str(r["seed"])): r for r in table["runs"]}
         self._sparsity = {(r["task"], r["arch"], str(r["seed"])): r for r in table["sparsity_runs"]}
         self._digests: dict[str, str | None] = {}  # each source file's, read once per parse
+        self._code_digests: dict[tuple, str] = {}
 
     # -- names and paths ---------------------------------------------------------------------
 
@@ -255,12 +256,16 @@ class Jobs:
         not the files as inputs: ~50 files times hundreds of jobs as inputs cost Snakemake's
         scheduler half a core in `make report` (it sizes every ready job's inputs each round),
         and a changed param reruns a job as a newer input does."""
+        key = (job, task and catalogue.kind_of(task), arch)
+        if key in self._code_digests:  # Snakemake re-evaluates params on every scheduling round
+            return self._code_digests[key]
         h = hashlib.sha256()
         for f in sorted(self.code(job, task, arch)):
             if f not in self._digests:
                 self._digests[f] = sha256_of(f)
             h.update(f"{os.path.relpath(f, SRC.parent)} {self._digests[f]}\n".encode())
-        return h.hexdigest()[:16]
+        self._code_digests[key] = h.hexdigest()[:16]
+        return self._code_digests[key]
 
     def resources(self, rule: str) -> dict[str, Any]:
         """``mem_mb`` and ``runtime`` of a rule's jobs, from the config's ``resources``;
