@@ -125,11 +125,14 @@ gpu-wheels:
 gpu-data: install
 	bash scripts/gpu-data.sh
 
+# Test files run on TEST_WORKERS processes (pytest-xdist), each file's tests in one of them,
+# so that a file's module fixtures (a DAG run to its PDF) are made once.
+TEST_WORKERS ?= 2
 test: install latex
-	python -m pytest
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-all: install latex
-	python -m pytest -m ""
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile -m ""
 
 lint: install
 	ruff check src kernels tests notebooks
