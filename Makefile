@@ -135,7 +135,7 @@ test-all: install latex
 	python -m pytest -n $(TEST_WORKERS) --dist loadfile -m ""
 
 lint: install
-	ruff check src kernels tests notebooks
+	ruff check src kernels tests notebooks tools
 	snakemake --lint
 
 clean:
