@@ -70,6 +70,11 @@ def _per_architecture(v, key: str, what: str, choices: tuple[str, ...]):
     bad = sorted({c for c in ([v] if isinstance(v, str) else v.values()) if c not in choices})
     if bad:
         raise ValueError(f"unknown {what} {', '.join(map(repr, bad))}; choose from: {', '.join(choices)}")
+    return _architecture_keys(v, key)
+
+
+def _architecture_keys(v, key: str):
+    """``v`` where it is not a dict, or one whose every key is ``default`` or a catalogued mixer."""
     unknown = sorted(set(v) - {"default", *catalogue.mixer_names()}) if isinstance(v, dict) else []
     if unknown:
         raise ValueError(f"unknown architecture(s) {', '.join(unknown)} in {key}; keys are "
@@ -241,11 +246,7 @@ class TaskCommon(Section):
         for seeds in v.values() if isinstance(v, dict) else [v]:
             if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
                 raise ValueError(f"seeds must be a non-empty list of distinct seeds >= 0, got {seeds}")
-        unknown = sorted(set(v) - {"default", *catalogue.mixer_names()}) if isinstance(v, dict) else []
-        if unknown:
-            raise ValueError(f"unknown architecture(s) {', '.join(unknown)} in seeds; keys are default or: "
-                             f"{', '.join(catalogue.mixer_names())}")
-        return v
+        return _architecture_keys(v, "seeds")
 
     def seeds_for(self, arch: str, study_seeds: list[int]) -> list[int]:
         """The seeds ``arch`` trains with on this task (``study_seeds``: the study's)."""
