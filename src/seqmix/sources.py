@@ -97,8 +97,13 @@ def imported_names(path: Path, module: str) -> frozenset[str]:
 def sources_of(modules: Iterable[str]) -> list[Path]:
     """``modules``, their packages and every module of this project they import, transitively,
     as files (sorted)."""
+    return sorted(set().union(*(_sources_of_module(m) for m in modules)))
+
+
+@functools.cache  # a job table asks for the same few modules' sources for every job
+def _sources_of_module(module: str) -> frozenset[Path]:
     seen: dict[str, Path | None] = {}
-    todo = list(modules)
+    todo = [module]
     while todo:
         name = todo.pop()
         if name in seen:
@@ -109,8 +114,12 @@ def sources_of(modules: Iterable[str]) -> list[Path]:
         if path is not None:
             todo += sorted(imported_names(path, name))
     files = {p for p in seen.values() if p is not None}
-    files |= {s for p in list(files) for s in p.parent.glob(f"{p.stem}.*") if s.suffix not in (".py", ".pyc")}
-    return sorted(files)
+    return frozenset(files | {s for p in files for s in _siblings(p)})
+
+
+@functools.cache
+def _siblings(path: Path) -> tuple[Path, ...]:
+    return tuple(s for s in path.parent.glob(f"{path.stem}.*") if s.suffix not in (".py", ".pyc"))
 
 
 def run_modules(arch: str, kind: str, step: str = TRAINING) -> list[str]:

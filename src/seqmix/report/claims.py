@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
+from seqmix.io import yaml_data
 from seqmix.report.recorded import Recording, chosen, refusal_lines
 from seqmix.report.summary import (
     best_of_sweep,
@@ -57,7 +57,7 @@ class ClaimResult:
 
 
 def load_claims(path: str | Path) -> list[dict]:
-    claims = yaml.safe_load(Path(path).read_text())["claims"]
+    claims = yaml_data(Path(path).read_text())["claims"]
     seen = set()
     for c in claims:
         missing = REQUIRED_KEYS - set(c)

@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from seqmix import REPO_ROOT, catalogue
+from seqmix.io import yaml_data
 from seqmix.sources import library_dirs
 
 SRC = Path(__file__).resolve().parents[2]  # the src/ this seqmix was imported from
@@ -122,7 +121,7 @@ def config_files(config: str | os.PathLike) -> list[Path]:
     path = Path(config).resolve()
     while path not in files and path.exists():
         files.append(path)
-        base = (yaml.safe_load(path.read_text()) or {}).get("extends")
+        base = (yaml_data(path.read_text()) or {}).get("extends")
         if not isinstance(base, str):
             break
         path = (path.parent / base).resolve()
@@ -133,8 +132,12 @@ def imported_sources() -> list[Path]:
     """The files of the modules this process imported, but for the standard library and
     installed packages (site-packages): seqmix itself, and a user's own mixers or tasks."""
     libraries = library_dirs()
-    files = {Path(f).resolve() for m in list(sys.modules.values())
-             if isinstance(f := getattr(m, "__file__", None), str) and os.path.isabs(f) and os.path.isfile(f)}
+    # Most of ~2,500 modules are torch's: a prefix test on the name as imported skips them
+    # before resolving links, which would take most of this function's time.
+    prefixes = tuple(os.path.join(p, "") for p in library_dirs())
+    names = {f for m in list(sys.modules.values())
+             if isinstance(f := getattr(m, "__file__", None), str) and os.path.isabs(f)}
+    files = {Path(f).resolve() for f in names if not f.startswith(prefixes) and os.path.isfile(f)}
     return sorted(f for f in files if f.is_relative_to(SRC) or not any(f.is_relative_to(p) for p in libraries))
 
 
@@ -162,7 +165,7 @@ class Jobs:
         self.report: str = table["paths"]["report"]  # the study's own report folder (study.report_dir)
         self._runs = {(r["task"], r["arch"], str(r["seed"])): r for r in table["runs"]}
         self._sparsity = {(r["task"], r["arch"], str(r["seed"])): r for r in table["sparsity_runs"]}
-        self._digests: dict[str, str | None] = {}  # each source file's, read once per parse
+        self._digests: dict[str, str] = {}  # each source file's name and digest, read once per parse
         self._code_digests: dict[tuple, str] = {}
 
     # -- names and paths ---------------------------------------------------------------------
@@ -262,8 +265,8 @@ class Jobs:
         h = hashlib.sha256()
         for f in sorted(self.code(job, task, arch)):
             if f not in self._digests:
-                self._digests[f] = sha256_of(f)
-            h.update(f"{os.path.relpath(f, SRC.parent)} {self._digests[f]}\n".encode())
+                self._digests[f] = f"{os.path.relpath(f, SRC.parent)} {sha256_of(f)}\n"
+            h.update(self._digests[f].encode())
         self._code_digests[key] = h.hexdigest()[:16]
         return self._code_digests[key]
 
@@ -294,7 +297,7 @@ class Jobs:
 
     def notebooks(self, path: str | os.PathLike = REPO_ROOT / "notebooks" / "outputs.yaml") -> dict[str, Notebook]:
         """Every notebook of ``notebooks/outputs.yaml`` with its references resolved."""
-        spec = yaml.safe_load(Path(path).read_text())
+        spec = yaml_data(Path(path).read_text())
         out = {}
         for name, nb in spec.items():
             where = f"{path}: {name}"

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError, create_model
 
 from seqmix import REPO_ROOT, catalogue
 from seqmix.errors import ConfigError  # noqa: F401 (re-exported: seqmix.study.load.ConfigError)
+from seqmix.io import yaml_data
 from seqmix.mixers import mixer_class, options_model
 from seqmix.study.settings import Study, StudyFile, TaskCommon, TaskSettings
 from seqmix.study.sweep import sweep_points, sweep_problems
@@ -225,12 +226,12 @@ def read_config_file(path: str | os.PathLike) -> dict:
     """The raw mapping of a YAML config file (or a JSON object given as the string)."""
     text = str(path)
     if text.lstrip().startswith("{"):
-        return yaml.safe_load(text)
+        return yaml_data(text)
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"config file {p} does not exist (try config/config.yaml)")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml_data(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
     if not isinstance(raw, dict):
