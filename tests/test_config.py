@@ -100,6 +100,15 @@ def test_yaml_file_errors_name_the_file(tmp_path):
         load_study(p)
 
 
+def test_config_yaml_builds_no_python_objects(tmp_path):
+    # Configs are read with libyaml's safe loader where PyYAML has it (seqmix.io.yaml_data):
+    # a tag that would call Python is a parse error naming the file, not a call.
+    p = tmp_path / "tagged.yaml"
+    p.write_text("seeds: !!python/object/apply:os.getpid []\n")
+    with pytest.raises(ConfigError, match=r"tagged.yaml is not valid YAML"):
+        load_study(p)
+
+
 def test_the_committed_json_schema_is_current():
     # workflow/schemas/config.schema.json documents the config (editors can complete and check
     # a config file against it); it is generated from the config models, never edited. What
