@@ -8,12 +8,17 @@ on both alike; medians over the rounds. Both run with the same interpreter (``--
 each Snakefile imports the seqmix of its own checkout.
 
     git worktree add /tmp/before <commit>
-    python tools/bench_dry_run.py /tmp/before . [--rounds 5] [--configfile config/paper.yaml]
+    python -m tools.bench_dry_run /tmp/before . [--rounds 5] [--configfile config/paper.yaml] \
+        [--markdown docs/dry-run.md]
+
+``--markdown`` puts the table, headed by both commits and the machine, into that page's
+generated block (tools.docs).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import shutil
 import statistics
@@ -21,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tools.docs import splice
 
 
 def dry_run(checkout: Path, python: str, configfile: str | None) -> float:
@@ -34,6 +41,20 @@ def dry_run(checkout: Path, python: str, configfile: str | None) -> float:
     return time.perf_counter() - start
 
 
+def commit(checkout: Path) -> str:
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return (head.stdout.strip() or "?") + (" (dirty)" if dirty else "")
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("first", type=Path, help="a checkout (e.g. a worktree of the commit before)")
@@ -41,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--configfile", help="a profile, relative to each checkout (default: config/config.yaml)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter both run with")
+    parser.add_argument("--markdown", type=Path, help="a docs/ page whose generated block gets the table")
     args = parser.parse_args(argv)
     checkouts = {"first": args.first.resolve(), "second": args.second.resolve()}
     for path in checkouts.values():
@@ -52,14 +74,21 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(path / ".snakemake" / "seqmix", ignore_errors=True)
             times[(name, "miss")].append(dry_run(path, args.python, args.configfile))
             times[(name, "hit")].append(dry_run(path, args.python, args.configfile))
-    print(f"snakemake -n, {args.configfile or 'config/config.yaml'}, {args.rounds} alternated rounds, "
-          f"{platform.node()} ({platform.processor() or platform.machine()})")
-    for (name, mode), values in times.items():
-        print(f"  {name:6} {checkouts[name]}  {mode:4} median {statistics.median(values):5.2f} s  "
-              f"({' '.join(f'{v:.2f}' for v in values)})")
-    for mode in ("miss", "hit"):
-        ratio = statistics.median(times[("second", mode)]) / statistics.median(times[("first", mode)])
-        print(f"  {mode}: second / first = {ratio:.2f}")
+    profile = args.configfile or "config/config.yaml"
+    head = (f"`snakemake -n` on {profile}, {args.rounds} alternated rounds (each a miss, then a hit), "
+            f"on {cpu_name()} ({platform.node()}, {os.cpu_count()} cores), medians in seconds.")
+    lines = ["| checkout | commit | miss | hit | misses | hits |", "|---|---|---|---|---|---|"]
+    for name, path in checkouts.items():
+        miss, hit = times[(name, "miss")], times[(name, "hit")]
+        lines.append(f"| {name} | {commit(path)} | {statistics.median(miss):.2f} | {statistics.median(hit):.2f} | "
+                     f"{' '.join(f'{v:.2f}' for v in miss)} | {' '.join(f'{v:.2f}' for v in hit)} |")
+    ratios = [f"{mode}: second / first = "
+              f"{statistics.median(times[('second', mode)]) / statistics.median(times[('first', mode)]):.2f}"
+              for mode in ("miss", "hit")]
+    table = "\n".join([head, "", *lines, "", "; ".join(ratios) + "."])
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(splice(args.markdown.read_text(), table))
     return 0
 
 
