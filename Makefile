@@ -31,7 +31,7 @@ report_dir = $$(python -m seqmix where report --config $(1))
 	lint clean help gpu-check gpu-check-smoke gpu-wheels gpu-data
 
 help:
-	@echo "make report       the quick profile's report (2-core CPU, within an hour) -> results/report/, copied to paper/report.pdf"
+	@echo "make report       the quick profile's report (2-core CPU, about an hour: docs/report-timings.md) -> results/report/, copied to paper/report.pdf"
 	@echo "make report-timings  put the last make report's job times (commit, machine) in docs/report-timings.md"
 	@echo "make paper        the paper profile's (config/paper.yaml, GPU) -> results/paper/report/, copied to paper/report.pdf"
 	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU) -> docs/paper-smoke.md"
