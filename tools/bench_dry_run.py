@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from seqmix.train.provenance import cpu_name
 from tools.docs import splice
 
 
@@ -46,13 +47,6 @@ def commit(checkout: Path) -> str:
     dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
     return (head.stdout.strip() or "?") + (" (dirty)" if dirty else "")
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> int:

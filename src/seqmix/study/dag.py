@@ -134,7 +134,7 @@ def imported_sources() -> list[Path]:
     libraries = library_dirs()
     # Most of ~2,500 modules are torch's: a prefix test on the name as imported skips them
     # before resolving links, which would take most of this function's time.
-    prefixes = tuple(os.path.join(p, "") for p in library_dirs())
+    prefixes = tuple(os.path.join(p, "") for p in libraries)
     names = {f for m in list(sys.modules.values())
              if isinstance(f := getattr(m, "__file__", None), str) and os.path.isabs(f)}
     files = {Path(f).resolve() for f in names if not f.startswith(prefixes) and os.path.isfile(f)}
