@@ -18,6 +18,8 @@ import warnings
 
 import torch
 
+from seqmix.flop_formulas import register_flop_formula
+
 SOURCE = pathlib.Path(__file__).with_name("selective_scan_cpu.cpp")
 # Positions per backward block: the block's states and decays (2 · K · N · D values, 256 KiB
 # at K 16, N 16, D 128 in fp32) stay in L2 while the adjoint runs back through them.
@@ -98,6 +100,18 @@ def scan_flops(x_shape, n_state: int) -> int:
     """2 FLOPs per (token, channel, state) for one contraction."""
     batch, length, channels = x_shape
     return 2 * batch * length * channels * n_state
+
+
+# The op's FLOPs for seqmix.measure's counter (seqmix.flop_formulas), as the eager scan's matmuls count them: one
+# contraction forward (y = C · h), three backward (∂x = B · λ, ∂B = λ x, ∂C = h gy).
+@register_flop_formula(torch.ops.seqmix.selective_scan_cpu_fwd)
+def _forward_flops(x, delta, At, B, C, block, out_shape=None, **kw) -> int:
+    return scan_flops(x, At[0])
+
+
+@register_flop_formula(torch.ops.seqmix.selective_scan_cpu_bwd)
+def _backward_flops(gy, x, delta, At, B, C, checkpoints, block, out_shape=None, **kw) -> int:
+    return 3 * scan_flops(x, At[0])
 
 
 def selective_scan_cpu(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from seqmix import catalogue
+from seqmix.sources import imported_names
 
 from .conftest import REPO
 
@@ -28,28 +29,10 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
 
 
-def _type_checking_only(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """seqmix modules ``name`` imports anywhere in its file (functions included), except
-    under ``if TYPE_CHECKING:``; ``from pkg import sub`` counts as importing ``pkg.sub``."""
-    tree = ast.parse(path.read_text())
-    skip = {id(n) for block in ast.walk(tree) if _type_checking_only(block) for n in ast.walk(block)}
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
-    return {m for m in out if m in known and m != name}
+    under ``if TYPE_CHECKING:``: the one import scanner, seqmix.sources's."""
+    return {m for m in imported_names(path, name) if m in known and m != name}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -186,7 +169,8 @@ STACK = [
     ("seqmix.study.settings", 1), ("seqmix.study.jobs", 1), ("seqmix.study.sweep", 1),
     ("seqmix.study", 0),  # the package: its glossary; it imports nothing
     ("seqmix.sources", 0),  # read by the job table (the Snakefile's side) and by training
-    ("seqmix.device", 0),  # a device's folder name: the report's recordings and the GPU checks'
+    ("seqmix.device", 0),  # the torch device a config names, and a device's folder name
+    ("seqmix.flop_formulas", 0),  # custom ops' FLOPs, registered by kernels and read by the counter
     ("seqmix.catalogue", 0), ("seqmix.io", 0), ("seqmix.errors", 0), ("seqmix.allocator", 0), ("seqmix.slots", 0),
     ("seqmix", 0),
 ]
@@ -219,17 +203,11 @@ def test_no_import_runs_up_the_stack():
         f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})" for a, b in sorted(upward - set(KNOWN_UPWARD)))
 
 
-def _absolute_imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    return {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
-        n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
-
-
 def test_the_library_imports_no_tool():
     """src/seqmix (and kernels/, installed with it) is what the pipeline and a user's commands
     run; the maintainer's checks in tools/ are built on it and never under it (issue 36)."""
     mods = {**modules(), **{f"seqmix.kernels.{p.stem}": p for p in sorted((REPO / "kernels").glob("*.py"))}}
-    found = sorted(f"{name} imports {m}" for name, path in mods.items() for m in _absolute_imports(path)
+    found = sorted(f"{name} imports {m}" for name, path in mods.items() for m in imported_names(path, name)
                    if m == "tools" or m.startswith("tools."))
     assert not found, "move what the library needs out of tools/: " + "; ".join(found)
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqmix.data.manifest import DataError, read_manifest, sha256_file
+from seqmix.data.manifest import DataError, read_manifest
 from seqmix.data.mqar import multiquery_ar
 from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
+from seqmix.io import sha256_file
 from seqmix.study.load import validate_study
 from seqmix.study.settings import DataSettings
 from seqmix.study.table import data_job

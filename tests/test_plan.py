@@ -383,7 +383,8 @@ def test_every_rule_size_the_dag_hands_out_has_memory_and_runtime(tmp_path):
 def _prepared_wikitext(data: Path, tokens: dict[str, int]) -> None:
     """A tokenizer and a WikiText-2 directory prepared with it, with token streams of the
     given lengths (the preflight reads only the manifest)."""
-    from seqmix.data.manifest import sha256_file, write_manifest
+    from seqmix.data.manifest import write_manifest
+    from seqmix.io import sha256_file
 
     (data / "tokenizer").mkdir(parents=True)
     (data / "tokenizer" / "tokenizer.json").write_text("{}")

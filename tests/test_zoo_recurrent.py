@@ -30,7 +30,7 @@ from seqmix.mixers.scan import linear_scan, linear_scan_reference
 from seqmix.mixers.tssa import tssa_membership, tssa_reference
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.study.settings import TrainSettings
-from seqmix.train.loop import make_optimizer
+from seqmix.train.step import make_optimizer
 
 from .conftest import OutputSizes, skip_or_fail
 

@@ -40,8 +40,9 @@ from seqmix.study.jobs import TrainJob
 from seqmix.study.load import load_study
 from seqmix.study.table import job_table
 from seqmix.tasks import make_task
-from seqmix.train.loop import build_for_spec, make_optimizer
+from seqmix.train.loop import build_for_spec
 from seqmix.train.provenance import cpu_name
+from seqmix.train.step import make_optimizer
 
 SEEDS = 3
 BEGIN, END = "<!-- bench:", "<!-- bench: end -->"

@@ -1,10 +1,27 @@
-"""A device's name as a folder name: ``results/bench/<slug>/`` (the GPU checks' measurements,
-which the plan and the report read) and a recorded study's ``<slug>-<date>/``. Kept apart
-from training's provenance, which records the name, so that no run depends on it."""
+"""Devices: the torch device a config names (``resolve_device``: training, evaluation and the
+analyses alike) and a device's name as a folder name (``device_slug``: ``results/bench/<slug>/``
+and a recorded study's ``<slug>-<date>/``). torch is imported only by what needs it, so that
+the Snakefile's side reads slugs without it."""
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def resolve_device(name: str, key: str = "train.device") -> torch.device:
+    """The torch device a config's ``auto | cpu | cuda`` names; ``key`` is named when the
+    GPU it asks for is missing."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"config key '{key}' is 'cuda' but no GPU is visible; use 'auto' or 'cpu'")
+    return torch.device(name)
 
 
 def device_slug(name: str) -> str:

@@ -13,6 +13,7 @@ import contextlib
 import csv
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -280,6 +281,30 @@ def read_json(path: str | os.PathLike, fix: str | None = None) -> Any:
     except json.JSONDecodeError as exc:
         state = "truncated or corrupted" if text.strip() else "empty"
         raise FileError(f"{path} is {state} (not valid JSON: {exc}){fix}") from None
+
+
+def concat_csvs(inputs: list[str | os.PathLike], out: str | os.PathLike) -> int:
+    """Write the rows of CSVs with the same columns as one CSV (per-run analysis tables into
+    one); the number of rows. A file with other columns is a ValueError naming it."""
+    import pandas as pd
+
+    frames = [pd.read_csv(p) for p in inputs]
+    header = list(frames[0].columns)
+    for p, f in zip(inputs, frames):
+        if list(f.columns) != header:
+            raise ValueError(f"{p} has columns {list(f.columns)}, expected {header}")
+    write_text(out, pd.concat(frames, ignore_index=True).to_csv(index=False))
+    return sum(len(f) for f in frames)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """The sha256 of a file's bytes, read in chunks (the one file digest: data manifests, the
+    job table's cache, a job's non-Python code)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def yaml_data(text: str) -> Any:

@@ -3,7 +3,8 @@ written, and live and peak tensor bytes. The one counter the plan, the preflight
 complexity analysis and training's memory check use; it sits below models/ and mixers/.
 
 FLOPs are ``FlopCounterMode``'s (matmul-class ops, SDPA, convolution) plus
-``EXTRA_FLOP_FORMULAS``; elementwise work (scans, masks, gates) is not in them but is in the
+``EXTRA_FLOP_FORMULAS`` and the custom ops' (seqmix.flop_formulas, where each kernel registers
+its own); elementwise work (scans, masks, gates) is not in them but is in the
 bytes written. Under ``FakeTensorMode`` the FLOPs are the same as on real tensors and the
 bytes within 5 % (tests/test_cost_count.py): meta kernels choose some output strides
 differently (e.g. ``elu_backward``), which can make a later reshape copy.
@@ -22,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from seqmix.kernels import selective_scan_cpu
+from seqmix import flop_formulas
 
 aten = torch.ops.aten
 GIB = 2**30
@@ -71,24 +72,12 @@ def _sdpa_cpu_backward_flop(grad_out, q, k, v, *args, out_shape=None, **kw) -> i
     return sdpa_backward_flop_count(grad_out, q, k, v)
 
 
-def _selective_scan_fwd_flop(x, delta, At, B, C, block, out_shape=None, **kw) -> int:
-    return selective_scan_cpu.scan_flops(x, At[0])  # y = C · h
-
-
-def _selective_scan_bwd_flop(gy, x, delta, At, B, C, checkpoints, block, out_shape=None, **kw) -> int:
-    return 3 * selective_scan_cpu.scan_flops(x, At[0])  # ∂x = B · λ, ∂B = λ x, ∂C = h gy
-
-
 EXTRA_FLOP_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flop,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward_flop,
     aten._fft_r2c: _r2c_flop,
     aten._fft_c2r: _c2r_flop,
     aten._fft_c2c: _c2c_flop,
-    # Mamba's fused CPU scan: 2 FLOPs per token, channel and state for each contraction (one
-    # forward, three backward), as the eager scan's matmuls count.
-    torch.ops.seqmix.selective_scan_cpu_fwd: _selective_scan_fwd_flop,
-    torch.ops.seqmix.selective_scan_cpu_bwd: _selective_scan_bwd_flop,
 }
 
 
@@ -189,7 +178,7 @@ class Count:
         # before a process that wants the Triton interpreter has set TRITON_INTERPRET.
         from torch.utils.flop_counter import FlopCounterMode
 
-        self._flops = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS)
+        self._flops = FlopCounterMode(display=False, custom_mapping={**EXTRA_FLOP_FORMULAS, **flop_formulas.FORMULAS})
         self._work = WorkCounter(self._timeline)
         self._stack = contextlib.ExitStack()  # left in reverse: work, FLOPs, then close()
         self._stack.callback(self._work.close)

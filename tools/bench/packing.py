@@ -57,8 +57,7 @@ class Worker:
         from seqmix.study.load import load_study
         from seqmix.study.table import run_spec
         from seqmix.tasks import task_class
-        from seqmix.train.loop import make_optimizer
-        from seqmix.train.step import optimizer_step, step_loss
+        from seqmix.train.step import make_optimizer, optimizer_step, step_loss
 
         self.torch, self.optimizer_step = torch, optimizer_step
         self.spec = run_spec(load_study(config), task, arch, seed)

@@ -34,8 +34,7 @@ from seqmix.preflight import solved_size
 from seqmix.study.load import load_study
 from seqmix.study.table import run_spec, study_task
 from seqmix.tasks import task_class
-from seqmix.train.loop import make_optimizer
-from seqmix.train.step import StepLoss, optimizer_step
+from seqmix.train.step import StepLoss, make_optimizer, optimizer_step
 
 FIELDS = ["task", "arch", "status", "precision", "d_model", "params", "batch", "step_ms", "tok_per_s", "peak_gib",
           "step_tflop", "mfu", "steps", "run_hours", "runs_this_point", "loss", "paths"]

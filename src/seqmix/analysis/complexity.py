@@ -197,8 +197,8 @@ def write_complexity(archs: list[str], spec: ComplexitySettings, mixer_options: 
                      progress: bool = True) -> tuple[int, int]:
     """Measure ``archs`` as ``spec`` says and write complexity.csv, complexity_fit.csv and
     complexity_growth.csv; returns (rows, fits). ``device`` overrides ``spec.device``."""
+    from seqmix.device import resolve_device
     from seqmix.io import write_rows
-    from seqmix.train.loop import resolve_device
 
     if threads:
         torch.set_num_threads(threads)

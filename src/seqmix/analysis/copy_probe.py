@@ -41,12 +41,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from seqmix.device import resolve_device
 from seqmix.io import write_rows
 from seqmix.mixers import dispatch
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.study.jobs import CopyProbeJob
-from seqmix.train.loop import lr_lambda, make_optimizer, resolve_device
-from seqmix.train.step import optimizer_step
+from seqmix.train.step import lr_lambda, make_optimizer, optimizer_step
 
 
 class CopyProbeRow(TypedDict):

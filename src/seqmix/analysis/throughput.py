@@ -44,11 +44,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from seqmix import catalogue, mixers
+from seqmix.device import resolve_device
 from seqmix.io import write_csv
 from seqmix.mixers import dispatch
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.study.settings import ThroughputSettings
-from seqmix.train.loop import resolve_device
 from seqmix.train.provenance import device_record
 
 FIELDS = ["arch", "device", "device_name", "threads", "d_model", "n_layers", "d_ff_mult", "vocab_size",

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
-from seqmix.io import FileError, read_json, write_json
+from seqmix.io import FileError, read_json, sha256_file, write_json
 
 MANIFEST = "manifest.json"
 
 
 class DataError(RuntimeError):
     """Missing or corrupted data; the message names the file and the fix."""
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_sha256(path: str | Path, expected: str, fix: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from seqmix.data.manifest import MANIFEST, DataError, sha256_file, write_manifest
+from seqmix.data.manifest import MANIFEST, DataError, write_manifest
 from seqmix.data.sources import (
     RAW_FILES,
     WIKITEXT_SPLITS,
@@ -20,7 +20,7 @@ from seqmix.data.sources import (
     resolve_source,
 )
 from seqmix.data.tokenizer import TOKENIZER_FILE, load_tokenizer, tokenizer_record
-from seqmix.io import FileError, atomic_file, read_json
+from seqmix.io import FileError, atomic_file, read_json, sha256_file
 from seqmix.study.settings import DataSettings
 
 

@@ -53,6 +53,9 @@ import torch.nn.functional as F
 from pydantic import BeforeValidator, PositiveInt
 from torch import nn
 
+from seqmix.kernels import (
+    selective_scan_cpu,  # defines the fused CPU op (and its FLOPs) before any model runs
+)
 from seqmix.mixers import dispatch
 from seqmix.mixers.base import Mixer, linear_flops
 from seqmix.mixers.scan import scan
@@ -163,18 +166,14 @@ def selective_scan_fused(
 ) -> torch.Tensor:
     """``selective_scan_reference`` by the fused C++ loop for CPU tensors
     (``seqmix.kernels.selective_scan_cpu``); same arguments and result."""
-    from seqmix.kernels.selective_scan_cpu import selective_scan_cpu
-
     out_dtype = u.dtype
     u, delta, A, B, C, D, z = _at_least_fp32(u, delta, A, B, C, D, z)
     x, dt, B_tm, C_tm = (t.transpose(1, 2) for t in (delta * u, delta, B, C))  # the op is time-major: (Bt, L, ·)
-    y = selective_scan_cpu(x, dt, A, B_tm, C_tm).transpose(1, 2)
+    y = selective_scan_cpu.selective_scan_cpu(x, dt, A, B_tm, C_tm).transpose(1, 2)
     return _skip_and_gate(y, u, D, z).to(out_dtype)
 
 
 def _fused_scan_builds() -> bool:
-    from seqmix.kernels import selective_scan_cpu
-
     return selective_scan_cpu.available()
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 
+from seqmix.device import resolve_device
 from seqmix.io import FileError, read_json, write_json
 from seqmix.study.jobs import TrainJob
 from seqmix.tasks import make_task
 from seqmix.tasks.base import Task
 from seqmix.train import checkpoint
-from seqmix.train.loop import resolve_device
 
 
 def retrain_fix(run_dir: str | Path) -> str:

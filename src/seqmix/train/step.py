@@ -25,6 +25,7 @@ from inductor's generator under compile: the same distribution, other masks than
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable
 
@@ -118,3 +119,34 @@ def optimizer_step(loss_of: Callable[[tuple], torch.Tensor], model: torch.nn.Mod
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
     opt.step()
     return loss.item(), float(grad_norm)
+
+
+def lr_lambda(train: TrainSettings):
+    warmup, total, floor = train.warmup_steps, train.steps, train.min_lr_ratio
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def make_optimizer(model: torch.nn.Module, train: TrainSettings) -> torch.optim.AdamW:
+    """AdamW over the model's parameters; fused (one kernel for every update) under
+    ``train.compile``."""
+    # Decay matrices only (nanoGPT): not biases, norms, embeddings' positions, nor the
+    # parameters a mixer names in no_weight_decay() (Mamba's A_log and D, ToST's temp).
+    no_decay = set()
+    for mod_name, module in model.named_modules():
+        if hasattr(module, "no_weight_decay") and callable(module.no_weight_decay):
+            no_decay |= {f"{mod_name}.{n}" if mod_name else n for n in module.no_weight_decay()}
+    decay, other, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 and name not in no_decay else other).append(p)
+    groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas), fused=train.compile or None)
