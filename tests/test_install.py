@@ -1,0 +1,65 @@
+"""A non-editable install carries every package: what a bare GPU machine runs
+(scripts/gpu-check.sh installs seqmix with `pip install --target`), on an interpreter where
+the install is the only place seqmix can come from."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import REPO
+
+
+def checkout_modules() -> list[str]:
+    """Every module of the checkout, by the name it is imported as (but ``seqmix.__main__``,
+    which runs a command: `python -m seqmix --help` runs it)."""
+    src = REPO / "src"
+    names = [".".join(p.relative_to(src).with_suffix("").parts) for p in src.rglob("*.py")]
+    names += ["seqmix.kernels." + p.stem for p in (REPO / "kernels").glob("*.py")]
+    return sorted(n.removesuffix(".__init__") for n in names if n != "seqmix.__main__")
+
+
+def test_a_non_editable_install_imports_every_module_and_runs(tmp_path):
+    # From a copy of what a build reads: pip builds in the source tree, which it leaves a build/.
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(REPO / name, project / name)
+    for name in ("src", "kernels"):
+        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    target = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--no-compile", "--target", str(target), str(project)], capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    # -S: no site module, hence no .pth file and no editable finder of this checkout; the
+    # environment's packages (torch, pydantic, ...) on PYTHONPATH after the install.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), *site.getsitepackages()]),
+           "TRITON_INTERPRET": "1"}
+    env.pop("PYTHONHOME", None)
+    script = ("import importlib, sys, seqmix\n"
+              f"assert seqmix.__file__.startswith({str(target)!r}), seqmix.__file__\n"
+              "missing = []\n"
+              "for name in sys.argv[1:]:\n"
+              "    try:\n"
+              "        module = importlib.import_module(name)\n"
+              f"        assert module.__file__.startswith({str(target)!r}), (name, module.__file__)\n"
+              "    except ModuleNotFoundError as e:\n"
+              "        missing.append(f'{name}: {e}')\n"
+              "assert not missing, missing\n")
+    imported = subprocess.run([sys.executable, "-S", "-c", script, *checkout_modules()], capture_output=True,
+                              text=True, env=env, cwd=tmp_path)
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    helped = subprocess.run([sys.executable, "-S", "-m", "seqmix", "--help"], capture_output=True, text=True,
+                            env=env, cwd=tmp_path)
+    assert helped.returncode == 0 and "train" in helped.stdout, helped.stderr[-3000:]
+
+
+def test_the_module_list_is_the_checkouts():
+    # The list the install is checked against: both kinds of module, from both folders.
+    names = checkout_modules()
+    assert {"seqmix", "seqmix.study", "seqmix.study.dag", "seqmix.kernels", "seqmix.kernels.grassmann"} <= set(names)
+    assert Path(REPO / "src" / "seqmix" / "study" / "__init__.py").is_file()
