@@ -237,10 +237,11 @@ def planned_wildcards(proc: subprocess.CompletedProcess, rule: str) -> list[dict
 
 
 def dry_run_after_editing(src: Path, work: Path, module: Path) -> subprocess.CompletedProcess:
-    """A dry run of the tiny study with a comment added to ``module`` (restored after)."""
+    """A dry run of the tiny study with a statement added to ``module`` (restored after): an
+    edit of its code, not a comment, which changes no job's code (seqmix.sources)."""
     text = module.read_text()
     try:
-        module.write_text(text + "\n# edited by a test\n")
+        module.write_text(text + "\nEDITED_BY_A_TEST = True\n")
         return snakemake(src, work, "-n", "--configfile", str(work / "tiny.yaml"))
     finally:
         module.write_text(text)
@@ -292,10 +293,10 @@ def test_parsing_the_dag_again_reads_the_cached_job_table_and_imports_no_torch(f
 def test_editing_a_notebook_reruns_only_that_notebook(full_run):
     src, work = full_run
     nb = src / "notebooks" / "complexity.ipynb"
-    # A bare `touch` is not a change for Snakemake >= 8: it compares the checksums of small
-    # inputs, so an unchanged notebook is not rerun. Edit it, as a researcher would.
+    # A notebook's code is its code cells (seqmix.sources): edit one, as a researcher would.
     content = json.loads(nb.read_text())
-    content["metadata"]["edited_by_test"] = True
+    cell = next(c for c in content["cells"] if c["cell_type"] == "code")
+    cell["source"] = ["".join(cell["source"]) + "\nedited_by_a_test = True\n"]
     nb.write_text(json.dumps(content))
     one = snakemake(src, work, "-n", "results/report/figures/complexity_time.pdf", "--configfile", str(work / "tiny.yaml"))
     assert planned_jobs(one) == {"notebook_complexity": 1}

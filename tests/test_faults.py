@@ -327,7 +327,7 @@ def test_a_restart_over_a_checkpoint_of_other_settings_equals_a_fresh_run(study,
     stop_after_first_checkpoint(monkeypatch, other)
     mine = spec_of(study, tmp_path / "shared", lr=3e-3)
     loop.train(mine, progress=False)
-    assert f"ignoring {Path(mine.run_dir) / loop.CHECKPOINT}: written with other settings" in capsys.readouterr().err
+    assert f"ignoring {Path(mine.run_dir) / loop.CHECKPOINT}: written with other settings or other code" in capsys.readouterr().err
     fresh = spec_of(study, tmp_path / "fresh", lr=3e-3)
     loop.train(fresh, progress=False)
     assert_same_run(Path(mine.run_dir), Path(fresh.run_dir))
@@ -345,7 +345,7 @@ def test_a_bad_last_checkpoint_is_moved_aside_and_the_run_starts_afresh(study, t
     capsys.readouterr()
     loop.train(spec, progress=False)  # the rerun does not fail (nor would every later one)
     err = capsys.readouterr().err
-    reason = ("is not a seqmix checkpoint: it lacks spec_hash" if damage == "not a checkpoint"
+    reason = ("is not a seqmix checkpoint: it lacks identity" if damage == "not a checkpoint"
               else "cannot be read: it is truncated or corrupted (")
     assert f"warning: {ckpt} {reason}" in err and "moved it to" in err and "not resuming from it" in err
     assert len(list(ckpt.parent.glob("last.pt.bad-*"))) == 1, "the bad checkpoint is kept aside for inspection"

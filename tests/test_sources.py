@@ -1,6 +1,6 @@
 """A result's sources (seqmix.sources): the modules that compute it and what of this project
 they import, read from the code; what a run records of them, and how a report tells a run
-made by other code."""
+made by other code. (How a code change reruns and retrains: tests/test_reruns.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pandas as pd
 from seqmix import REPO_ROOT
 from seqmix.report.collect import code_of
 from seqmix.report.quality_tables import code_text
-from seqmix.sources import changed, digests, imported_names, run_modules, sources_of
+from seqmix.sources import changed, closure, digests, run_modules
 
 SRC = REPO_ROOT / "src" / "seqmix"
 
@@ -22,7 +22,7 @@ def names(paths) -> set[str]:
 
 
 def test_a_runs_sources_are_its_mixer_its_task_and_training_not_the_other_mixers():
-    found = names(sources_of(run_modules("mamba", "mqar")))
+    found = names(closure(run_modules("mamba", "mqar")))
     assert {"src/seqmix/mixers/mamba.py", "src/seqmix/tasks/mqar.py", "src/seqmix/data/mqar.py",
             "src/seqmix/train/loop.py", "src/seqmix/models/lm.py", "src/seqmix/mixers/base.py"} <= found
     # Its kernels, imported inside functions, with the C++ source built at first use.
@@ -41,15 +41,6 @@ def test_a_library_installed_inside_the_checkout_is_not_the_projects(tmp_path, m
     monkeypatch.setattr(sources, "library_dirs", lambda: frozenset({venv.resolve()}))
     assert not sources.of_this_project(venv / "torch" / "__init__.py")
     assert sources.of_this_project(SRC / "io.py") and sources.of_this_project(tmp_path / "mymixer.py")
-
-
-def test_imports_are_read_from_the_text_in_every_form(tmp_path):
-    (tmp_path / "pkg").mkdir()
-    module = tmp_path / "pkg" / "mod.py"
-    module.write_text("import a.b as c, d\nfrom e import (\n    f,  # why\n    g as h,\n)\n"
-                      "def late():\n    from . import sibling\n    from .sub import x\n")
-    assert imported_names(module, "pkg.mod") >= {"a.b", "d", "e", "e.f", "e.g", "pkg", "pkg.sibling", "pkg.sub",
-                                                 "pkg.sub.x"}
 
 
 def test_a_run_made_by_other_code_is_told_apart(tmp_path, monkeypatch):
@@ -79,10 +70,12 @@ def test_the_report_states_each_runs_commit_and_flags_dirty_and_changed_code():
 def test_training_records_the_digests_of_its_sources(prepared_mqar):
     from seqmix.study.load import validate_study
     from seqmix.study.table import run_spec
+    from seqmix.train.loop import run_code as train_code
     from seqmix.train.loop import train
 
     spec = run_spec(validate_study(prepared_mqar), "mqar", "softmax", 0)
     train(spec, progress=False)
-    recorded = json.loads((Path(spec.run_dir) / "provenance.json").read_text())["code"]["sources"]
-    assert recorded == digests(sources_of(run_modules("softmax", "mqar")))
-    assert "src/seqmix/mixers/softmax.py" in recorded
+    code = json.loads((Path(spec.run_dir) / "provenance.json").read_text())["code"]
+    assert code["sources"] == digests(closure(run_modules("softmax", "mqar")))
+    assert "src/seqmix/mixers/softmax.py" in code["sources"]
+    assert code["digest"] == train_code(spec).digest

@@ -98,7 +98,7 @@ def cmd_train(args) -> int:
         raise ConfigError("train needs --task and --arch (or --spec)")
     else:
         spec = run_spec(load_study(args.config), args.task, args.arch, args.seed)
-    metrics = train(spec, progress=not args.quiet)
+    metrics = train(spec, progress=not args.quiet, planned_code=args.code)
     print(json.dumps({k: metrics[k] for k in ("status", "params", "steps_completed", "best_eval")}, default=str))
     return 0
 
@@ -133,13 +133,18 @@ def job_of(args, model, build):
 
 
 def cmd_jobs(args) -> int:
+    from seqmix import REPO_ROOT
     from seqmix.study.dag import config_files, imported_sources, sha256_of
-    from seqmix.study.table import job_table
+    from seqmix.study.table import NOTEBOOKS_GLOB, job_table
 
     table = job_table(load_study(args.config, json.loads(args.overrides) if args.overrides else None))
-    # The files this table was made from, with digests: seqmix.study.dag reuses it while they hold.
-    read = [*config_files(args.config), *imported_sources()]
-    print(json.dumps({"jobs": table, "read": {str(p): sha256_of(p) for p in read}}))
+    # The files this table was made from, with digests: seqmix.study.dag reuses it while they
+    # hold. Every file of every job's code is one: the table holds their digests.
+    code = [f for per in table["code"].values() for c in ([per] if "files" in per else per.values()) for f in c["files"]]
+    read = sorted({str(p) for p in [*config_files(args.config), *imported_sources(), *code]})
+    # And the folders whose listing it read: a notebook added is a new job's code.
+    listed = {NOTEBOOKS_GLOB: sorted(str(p) for p in REPO_ROOT.glob(NOTEBOOKS_GLOB))}
+    print(json.dumps({"jobs": table, "read": {p: sha256_of(p) for p in read}, "listed": listed}))
     return 0
 
 
@@ -185,17 +190,10 @@ def cmd_sparsity(args) -> int:
 
 def cmd_concat(args) -> int:
     """Concatenate CSVs with one header (per-run analysis tables into one)."""
-    import pandas as pd
+    from seqmix.io import concat_csvs
 
-    from seqmix.io import write_text
-
-    frames = [pd.read_csv(p) for p in args.inputs]
-    header = list(frames[0].columns)
-    for p, f in zip(args.inputs, frames):
-        if list(f.columns) != header:
-            raise ValueError(f"{p} has columns {list(f.columns)}, expected {header}")
-    write_text(args.out, pd.concat(frames, ignore_index=True).to_csv(index=False))
-    print(f"wrote {sum(len(f) for f in frames)} rows from {len(frames)} files to {args.out}")
+    rows = concat_csvs(args.inputs, args.out)
+    print(f"wrote {rows} rows from {len(args.inputs)} files to {args.out}")
     return 0
 
 
@@ -406,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--spec", help="a complete run spec as JSON (what the Snakefile passes)")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
+    sp.add_argument("--code", help="the digest of the run's code the workflow planned it with (it fails if the "
+                    "checkout's differs); default: this checkout's")
 
     sp = _add(sub, "eval", cmd_eval, "score a finished run on its evaluation and test splits (eval.json)", config=False)
     sp.add_argument("--run", required=True, help="run directory, results/runs/<task>/<arch>/seed<k>")

@@ -1,26 +1,32 @@
-"""The source files a result depends on: the modules that compute it and every module of this
-project they import (imports inside functions included), found by reading the code, not
-by running it; a file beside a module with its name and another suffix (Mamba's C++ scan,
-built at first use) counts with it. Standard-library and installed packages are not followed:
-their versions are in each run's provenance.
+"""A job's code: the modules its command runs and every module of this project they import,
+transitively (imports inside functions included), found by reading the code, never listed by
+hand. One scanner (Python's ``ast``) reads the import statements of a module or of a
+notebook's code cells; a file beside a module with its name and another suffix (Mamba's C++
+scan, built at first use) counts with it. Standard-library and installed packages are not
+followed: their versions are in each run's provenance.
 
-The job table gives each job its sources as inputs, so that editing a module reruns exactly the
-jobs whose results it computes (and what reads them); training records their digests in
-provenance.json, so that a report can tell a run made by other code than the checkout's.
-Standard library only: the Snakefile's side (seqmix.study.dag) imports it without torch.
+A job's code is one digest (``Code.digest``) of its files' names and digests
+(``file_digest``): every rule takes it as a param (seqmix.study.dag), so that an edit reruns
+exactly the jobs whose code holds the file, and what reads them; a training run is identified
+by it, so that a checkpoint made by other code is never resumed (seqmix.train.loop); and
+provenance.json records it with each file's digest, so that a report can tell a run made by
+other code than the checkout's. Standard library only: the Snakefile's side
+(seqmix.study.dag) imports it without torch.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.util
+import json
 import os
-import re
 import site
 import sys
 import sysconfig
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from seqmix import REPO_ROOT, catalogue
@@ -69,57 +75,156 @@ def module_file(name: str) -> Path | None:
     return path if of_this_project(path) else None
 
 
-# import a.b, c / from a.b import (c, d) / from . import e: the names after "import" in a from
-# form may be submodules. Read from the text (no parse: a run of the job table reads ~60 files).
-IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)|import[ \t]+([^\n#]*))", re.M)
+# ------------------------------------------------------------------------------------------
+# The scanner: one parse per file gives its imports and its digest.
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What one file says: ``imports`` as (level, module, names) of each import statement
+    (``import a.b`` is (0, "a.b", ()); ``from ..c import d`` is (2, "c", ("d",))), and the
+    ``digest`` of its code."""
+
+    imports: tuple[tuple[int, str, tuple[str, ...]], ...]
+    digest: str
+
+
+def scan(path: Path) -> Scan:
+    """The imports of a module or a notebook (its code cells) and the digest of its code: a
+    module's bytes, a notebook's code cells (its prose and outputs are no code), any other
+    file's bytes (a C++ source, no imports). Read every time, parsed once per content: the
+    memo's key is exactly what it describes."""
+    path = Path(path)
+    return _scan(path.suffix, path.read_bytes())
 
 
 @functools.cache
-def imported_names(path: Path, module: str) -> frozenset[str]:
+def _scan(suffix: str, data: bytes) -> Scan:
+    if suffix == ".ipynb":
+        cells = json.loads(data)["cells"]
+        code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+        # IPython's `%` and `!` lines are no Python.
+        source = "\n".join(line for cell in code for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
+        return Scan(_imports(ast.parse(source)), hashlib.sha256(json.dumps(code).encode()).hexdigest())
+    imports = _imports(ast.parse(data)) if suffix == ".py" else ()
+    return Scan(imports, hashlib.sha256(data).hexdigest())
+
+
+def _imports(tree: ast.Module) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    """The import statements of a module, in functions and classes too, not under ``if
+    TYPE_CHECKING:`` (they never run). Statements only: an import is no expression."""
+    out: list[tuple[int, str, tuple[str, ...]]] = []
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            out += [(0, a.name, ()) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.level, node.module or "", tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo += node.orelse
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                todo += getattr(node, field, None) or []
+    return tuple(out)
+
+
+def imported_names(path: Path, module: str = "") -> frozenset[str]:
     """The modules a file imports anywhere in it (functions included); ``from pkg import x``
-    names ``pkg`` and ``pkg.x``."""
+    names ``pkg`` and ``pkg.x`` (x may be a submodule). ``module`` is the file's own module
+    name, against which relative imports resolve."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
-    for base, names, plain in IMPORT.findall(path.read_text()):
-        if plain:
-            out |= {n.split()[0] for n in plain.split(",") if n.strip()}
-            continue
-        if base.startswith("."):
-            level = len(base) - len(base.lstrip("."))
+    for level, base, names in scan(path).imports:
+        if level:
             parts = package.split(".")
-            base = ".".join(parts[: len(parts) - level + 1] + ([base.lstrip(".")] if base.lstrip(".") else []))
+            base = ".".join(parts[: len(parts) - level + 1] + ([base] if base else []))
         out.add(base)
-        names = re.sub(r"#[^\n]*", "", names.strip("()"))  # comments inside (...)
-        out |= {f"{base}.{n.split()[0]}" for n in names.split(",") if n.strip()}
+        out |= {f"{base}.{n}" for n in names if n != "*"}
     return frozenset(out)
 
 
-def sources_of(modules: Iterable[str]) -> list[Path]:
-    """``modules``, their packages and every module of this project they import, transitively,
-    as files (sorted)."""
-    return sorted(set().union(*(_sources_of_module(m) for m in modules)))
+# ------------------------------------------------------------------------------------------
+# A job's code.
+# ------------------------------------------------------------------------------------------
 
 
-@functools.cache  # a job table asks for the same few modules' sources for every job
-def _sources_of_module(module: str) -> frozenset[Path]:
-    seen: dict[str, Path | None] = {}
-    todo = [module]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        parts = name.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # its packages run first
-        seen[name] = path = module_file(name)
-        if path is not None:
-            todo += sorted(imported_names(path, name))
-    files = {p for p in seen.values() if p is not None}
-    return frozenset(files | {s for p in files for s in _siblings(p)})
+class Reader:
+    """One reading of the code for many closures (a job table asks for ~60 of them, sharing
+    most modules): each module's imports and each file's digest are read once per Reader.
+    Keep one only while the files do not change (a call, a process that runs one job)."""
+
+    def __init__(self):
+        self._imports: dict[str, tuple[str, ...]] = {}  # module name -> the names it imports
+        self._digests: dict[Path, str] = {}
+
+    def closure(self, entries: Iterable[str | Path]) -> list[Path]:
+        """The files of ``entries`` (module names, or files a job runs: a notebook), their
+        packages and every module of this project they import, transitively (sorted)."""
+        seen: dict[str, Path | None] = {}
+        files: set[Path] = set()
+        todo: list[str] = []
+        for entry in entries:
+            if isinstance(entry, Path):
+                files.add(entry.resolve())
+                todo += imported_names(entry.resolve())
+            else:
+                todo.append(entry)
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen[name] = path = module_file(name)
+            todo += self._imported(name, path)
+        files |= {p for p in seen.values() if p is not None}
+        return sorted(files | {s for p in files for s in _siblings(p)})
+
+    def _imported(self, name: str, path: Path | None) -> tuple[str, ...]:
+        if name not in self._imports:
+            parts = name.split(".")
+            packages = [".".join(parts[:i]) for i in range(1, len(parts))]  # they run first
+            self._imports[name] = (*packages, *(sorted(imported_names(path, name)) if path else ()))
+        return self._imports[name]
+
+    def code(self, entries: Iterable[str | Path]) -> Code:
+        """The code of a job that runs ``entries``: their closure and one digest of its files'
+        names (``shown``) and digests, so that the same code in another checkout has the same
+        digest."""
+        files = tuple(self.closure(entries))
+        h = hashlib.sha256()
+        for name, path in sorted((shown(p), p) for p in files):
+            if path not in self._digests:
+                self._digests[path] = file_digest(path)
+            h.update(f"{name} {self._digests[path]}\n".encode())
+        return Code(files, h.hexdigest()[:16])
+
+
+def closure(entries: Iterable[str | Path]) -> list[Path]:
+    """``Reader().closure``: the files of ``entries`` and of what they import, transitively."""
+    return Reader().closure(entries)
+
+
+def code_of(entries: Iterable[str | Path]) -> Code:
+    """``Reader().code``: the code of a job that runs ``entries``."""
+    return Reader().code(entries)
 
 
 @functools.cache
 def _siblings(path: Path) -> tuple[Path, ...]:
-    return tuple(s for s in path.parent.glob(f"{path.stem}.*") if s.suffix not in (".py", ".pyc"))
+    return tuple(s for s in path.parent.glob(f"{path.stem}.*") if s.suffix not in (".py", ".pyc", ".ipynb"))
+
+
+@dataclass(frozen=True)
+class Code:
+    """A job's code: its files and one digest of them (what Snakemake reruns the job on)."""
+
+    files: tuple[Path, ...]
+    digest: str
+
+    def sources(self) -> dict[str, str]:
+        """{file: digest} (provenance.json's ``code.sources``)."""
+        return digests(self.files)
 
 
 def run_modules(arch: str, kind: str, step: str = TRAINING) -> list[str]:
@@ -130,19 +235,31 @@ def run_modules(arch: str, kind: str, step: str = TRAINING) -> list[str]:
 
 def shown(path: Path) -> str:
     """A source's name in provenance: relative to the checkout where it is in it."""
-    path = path.resolve()
-    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+    name = str(path if path.is_absolute() else path.resolve())
+    root = f"{REPO_ROOT}{os.sep}"
+    return name[len(root):] if name.startswith(root) else name
+
+
+def file_digest(path: Path) -> str:
+    """The digest of a file's code (``scan``): its bytes, or a notebook's code cells. Bytes,
+    not a parse: the same on every Python version (a GPU machine's 3.12 records runs that this
+    checkout's 3.11 compares), so that a comment edit reruns what the file's code reaches, as
+    any edit does, and a bare ``touch`` nothing."""
+    return scan(Path(path)).digest
 
 
 def digests(paths: Iterable[Path]) -> dict[str, str]:
-    """{name: sha256} of each file (provenance.json's ``code.sources``)."""
-    return {shown(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths}
+    """{name: digest} of each file (provenance.json's ``code.sources``)."""
+    return {shown(p): file_digest(p) for p in paths}
 
 
 def changed(recorded: dict[str, str]) -> list[str]:
-    """The recorded sources whose file differs now, or is gone: a run made by other code."""
-    now = {}
-    for name in recorded:
+    """The recorded sources whose code differs now, or is gone: a run made by other code."""
+    def now(name: str) -> str | None:
         path = Path(name) if os.path.isabs(name) else REPO_ROOT / name
-        now[name] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-    return sorted(n for n, digest in recorded.items() if now[n] != digest)
+        try:
+            return file_digest(path)
+        except (OSError, SyntaxError, ValueError):
+            return None
+
+    return sorted(n for n, digest in recorded.items() if now(n) != digest)

@@ -16,14 +16,13 @@ rule analysis:
 
 
 rule complexity:
-    input:
-        code=JOBS.code("complexity"),
     output:
         csv=f"{RESULTS}/analysis/complexity.csv",
         fit=f"{RESULTS}/analysis/complexity_fit.csv",
         growth=f"{RESULTS}/analysis/complexity_growth.csv",
     params:
         spec=lambda w: JOBS.spec("complexity"),
+        code=JOBS.code_digest("complexity"),
     log:
         log_file("complexity"),
     benchmark:
@@ -44,12 +43,11 @@ rule complexity:
 
 rule throughput:
     # Training tokens/s of every causal mixer's LM beside softmax (seqmix/analysis/throughput.py).
-    input:
-        code=JOBS.code("throughput"),
     output:
         f"{RESULTS}/analysis/throughput.csv",
     params:
         spec=lambda w: JOBS.spec("throughput"),
+        code=JOBS.code_digest("throughput"),
     log:
         log_file("throughput"),
     benchmark:
@@ -77,7 +75,7 @@ rule sparsity_run:
         SPARSITY_RUN,
     params:
         spec=lambda w: JOBS.sparsity_spec(w.task, w.arch, w.seed),
-        code=JOBS.code_digest("sparsity_run"),  # a param: see Jobs.code_digest
+        code=JOBS.code_digest("sparsity_run"),
     log:
         log_file("sparsity_run", RUN),
     benchmark:
@@ -96,6 +94,8 @@ rule sparsity:
         [SPARSITY_RUN.format(task=t, arch=a, seed=s) for t, a, s in JOBS.sparsity_runs()],
     output:
         f"{RESULTS}/analysis/sparsity.csv",
+    params:
+        code=JOBS.code_digest("concat"),
     log:
         log_file("sparsity"),
     benchmark:
@@ -109,12 +109,11 @@ rule sparsity:
 
 
 rule sparsity_analytic:
-    input:
-        code=JOBS.code("sparsity_analytic"),
     output:
         f"{RESULTS}/analysis/sparsity_analytic.csv",
     params:
         spec=lambda w: JOBS.spec("sparsity_analytic"),
+        code=JOBS.code_digest("sparsity_analytic"),
     log:
         log_file("sparsity_analytic"),
     benchmark:
@@ -132,11 +131,11 @@ rule geometry:
     # Every run of the task (the command keeps those whose mixer has a geometry).
     input:
         models=JOBS.run_files("model.pt", JOBS.geometry_runs()),
-        code=JOBS.code("geometry"),
     output:
         f"{RESULTS}/analysis/geometry.csv",
     params:
         spec=lambda w: JOBS.spec("geometry"),
+        code=JOBS.code_digest("geometry"),
     log:
         log_file("geometry"),
     benchmark:
@@ -155,12 +154,11 @@ if JOBS.has_analysis("copy_probe"):
     rule copy_probe:
         # Can each mixer copy the previous token? Fresh models built as the MQAR task builds
         # its own, trained on random tokens (seqmix/analysis/copy_probe.py); no run needed.
-        input:
-            code=JOBS.code("copy_probe"),
         output:
             f"{RESULTS}/analysis/copy_probe.csv",
         params:
             spec=lambda w: JOBS.spec("copy_probe"),
+            code=JOBS.code_digest("copy_probe"),
         log:
             log_file("copy_probe"),
         benchmark:

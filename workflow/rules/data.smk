@@ -1,13 +1,12 @@
 # Data: the tokenizer, then each task's prepared files with a manifest (sha256 + counts).
 # The points of a sweep share their task's data (its "group").
 rule data_tokenizer:
-    input:
-        code=JOBS.code("tokenizer"),
     output:
         JOBS.tokenizer_file("manifest.json"),
         JOBS.tokenizer_file("tokenizer.json"),
     params:
         spec=lambda w: JOBS.tokenizer_spec(),
+        code=JOBS.code_digest("tokenizer"),  # the digest of its code: see Jobs.code_digest
     log:
         log_file("data_tokenizer"),
     benchmark:
@@ -23,11 +22,11 @@ rule data_tokenizer:
 rule data_task:
     input:
         tokenizer=lambda w: [JOBS.tokenizer_file("manifest.json")] if JOBS.needs_tokenizer(w.group) else [],
-        code=lambda w: JOBS.code("data", w.group),
     output:
         JOBS.data_file("manifest.json"),
     params:
         spec=lambda w: JOBS.data_spec(w.group),
+        code=lambda w: JOBS.code_digest("data", w.group),
     log:
         log_file("data_task", "{group}"),
     benchmark:

@@ -9,13 +9,16 @@ for _name, _nb in NOTEBOOKS.items():
         name:
             f"notebook_{_name}"
         input:
-            notebook=str(SRC / "notebooks" / f"{_name}.ipynb"),
-            results=_nb.inputs,
+            _nb.inputs,
         output:
             outputs=flagged_for_report(_nb),
             executed=f"{RESULTS}/notebooks/{_name}.ipynb",
         params:
+            notebook=str(SRC / "notebooks" / f"{_name}.ipynb"),
             papermill=_nb.papermill_args(),
+            # The digest of its code: its cells and the modules they import, transitively
+            # (seqmix.sources); an edit to any (a comment aside) reruns it.
+            code=_nb.code,
         log:
             log_file("notebook", _name),
         benchmark:
@@ -25,7 +28,7 @@ for _name, _nb in NOTEBOOKS.items():
         conda:
             "../../envs/seqmix.yaml"
         shell:
-            "papermill --log-output -k python3 {input.notebook:q} {output.executed:q} "
+            "papermill --log-output -k python3 {params.notebook:q} {output.executed:q} "
             "{params.papermill} > {log:q} 2>&1"
 
 

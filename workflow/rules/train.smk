@@ -27,7 +27,9 @@ rule train:
     params:
         spec=lambda w: JOBS.run_spec(w.task, w.arch, w.seed),
         # The digest of the code that trains it (its mixer's and task's modules, the training
-        # loop, what they import): an edit reruns exactly the runs it trains, and what reads them.
+        # loop, what they import): an edit reruns exactly the runs it trains, and what reads
+        # them. The command receives it: the run is identified by it, so that a checkpoint made
+        # by other code is never resumed (seqmix.train.loop.run_identity).
         code=lambda w: JOBS.code_digest("train", w.task, w.arch),
     log:
         log_file("train", RUN),
@@ -40,7 +42,7 @@ rule train:
     conda:
         "../../envs/seqmix.yaml"
     shell:
-        "python -m seqmix.slots python -m seqmix train --spec {params.spec:q} > {log:q} 2>&1"
+        "python -m seqmix.slots python -m seqmix train --spec {params.spec:q} --code {params.code} > {log:q} 2>&1"
 
 
 rule eval:
@@ -69,13 +71,12 @@ rule eval:
 rule collect:
     input:
         runs=JOBS.run_files("metrics.json") + JOBS.run_files("eval.json"),
-        # The code that makes the rows: a column added there rewrites runs.csv.
-        code=JOBS.code("collect"),
     output:
         runs=f"{RESULTS}/summary/runs.csv",
         breakdown=f"{RESULTS}/summary/breakdown.csv",
     params:
         spec=lambda w: JOBS.spec("collect"),
+        code=JOBS.code_digest("collect"),  # the code that makes the rows: a column added there rewrites runs.csv
     log:
         log_file("collect"),
     benchmark:

@@ -1,11 +1,13 @@
 """The study as the Snakefile sees it, without importing torch.
 
 ``load`` returns the job table of `python -m seqmix jobs` (the validated study, every job's
-spec, the path patterns and each rule's resources: ``seqmix.study.table.job_table``). The table is
-made in a subprocess, which imports the task and mixer classes (torch), and cached under
-``.snakemake/seqmix/`` with the digests of every file that made it (the config files, the
-seqmix sources and any user package it imported): while they are unchanged, parsing the
-Snakefile again (a dry run, each SLURM job on its node) reads one JSON file.
+spec and code, the path patterns and each rule's resources: ``seqmix.study.table.job_table``).
+The table is made in a subprocess, which imports the task and mixer classes (torch), and
+cached under ``.snakemake/seqmix/`` with the sha256 of every file it was made from or
+describes: the config files, every module the subprocess imported and every file of every
+job's code (seqmix.sources: the digests it holds are of those files). While they are all
+unchanged, parsing the Snakefile again (a dry run, each SLURM job on its node) reads one JSON
+file; one changed byte in any of them makes the table again.
 
 Everything here is standard library and PyYAML, like seqmix.catalogue.
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from seqmix import REPO_ROOT, catalogue
-from seqmix.io import yaml_data
+from seqmix.io import sha256_file, yaml_data
 from seqmix.sources import library_dirs
 
 SRC = Path(__file__).resolve().parents[2]  # the src/ this seqmix was imported from
@@ -68,12 +70,15 @@ def load(config: Mapping[str, Any], configfiles: Sequence[str | os.PathLike] = (
 
 
 def _cached(path: Path) -> dict | None:
-    """The stored table, if every file it was made from still has its digest."""
+    """The stored table, if every file it was made from or describes still has its sha256 and
+    every folder listing it read is the same."""
     try:
         made = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if not all(sha256_of(f) == digest for f, digest in made.get("read", {}).items()):
+        return None
+    if not all(sorted(str(p) for p in REPO_ROOT.glob(pattern)) == files for pattern, files in made.get("listed", {}).items()):
         return None
     return made
 
@@ -107,8 +112,9 @@ def _made_at(path: Path) -> float:
 
 
 def sha256_of(path: str | os.PathLike) -> str | None:
+    """A file's sha256 (seqmix.io.sha256_file), None when it is gone or unreadable."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return sha256_file(path)
     except OSError:
         return None
 
@@ -165,8 +171,6 @@ class Jobs:
         self.report: str = table["paths"]["report"]  # the study's own report folder (study.report_dir)
         self._runs = {(r["task"], r["arch"], str(r["seed"])): r for r in table["runs"]}
         self._sparsity = {(r["task"], r["arch"], str(r["seed"])): r for r in table["sparsity_runs"]}
-        self._digests: dict[str, str] = {}  # each source file's name and digest, read once per parse
-        self._code_digests: dict[tuple, str] = {}
 
     # -- names and paths ---------------------------------------------------------------------
 
@@ -242,33 +246,25 @@ class Jobs:
         """The run directories the geometry job reads (it measures those that finished)."""
         return self.table["analyses"]["geometry"]["run_dirs"]
 
-    def code(self, job: str, task: str | None = None, arch: str | None = None) -> list[str]:
-        """The sources of a job (seqmix.sources): ``train`` or ``eval`` of a run, ``data`` of a
-        group (``task``), ``tokenizer``, or an analysis by name (collect, complexity,
-        throughput, sparsity_run, sparsity_analytic, geometry, copy_probe)."""
+    def code(self, job: str, name: str | None = None, arch: str | None = None) -> dict[str, Any]:
+        """A job's code (seqmix.sources.code_of): ``{"files": [...], "digest": ...}``. ``job``:
+        ``train`` or ``eval`` of a run (``name`` its task), ``data`` of a group (``name``),
+        ``tokenizer``, ``notebook`` (``name``) or an analysis by name (collect, concat,
+        complexity, throughput, sparsity_run, sparsity_analytic, geometry, copy_probe)."""
         code = self.table["code"]
         if job in ("train", "eval"):
-            return code[job][f"{arch} {catalogue.kind_of(task)}"]
-        if job == "data":
-            return code["data"][task]
+            return code[job][f"{arch} {catalogue.kind_of(name)}"]
+        if job in ("data", "notebook"):
+            return code["data" if job == "data" else "notebooks"][name]
         return code["tokenizer"] if job == "tokenizer" else code["analyses"][job]
 
-    def code_digest(self, job: str, task: str | None = None, arch: str | None = None) -> str:
-        """One digest of a job's sources (``code``): each file's path (from the checkout's
-        root) and content. The per-run rules (train, eval, sparsity_run) take it as a param,
-        not the files as inputs: ~50 files times hundreds of jobs as inputs cost Snakemake's
-        scheduler half a core in `make report` (it sizes every ready job's inputs each round),
-        and a changed param reruns a job as a newer input does."""
-        key = (job, task and catalogue.kind_of(task), arch)
-        if key in self._code_digests:  # Snakemake re-evaluates params on every scheduling round
-            return self._code_digests[key]
-        h = hashlib.sha256()
-        for f in sorted(self.code(job, task, arch)):
-            if f not in self._digests:
-                self._digests[f] = f"{os.path.relpath(f, SRC.parent)} {sha256_of(f)}\n"
-            h.update(self._digests[f].encode())
-        self._code_digests[key] = h.hexdigest()[:16]
-        return self._code_digests[key]
+    def code_digest(self, job: str, name: str | None = None, arch: str | None = None) -> str:
+        """The digest of a job's code (``code``), which every rule takes as a param: an edit to
+        one of its files (not a comment) reruns the job, and nothing else; the train command
+        also receives it and is identified by it (seqmix.train.loop.run_code). A param, not the
+        files as inputs: ~50 files times hundreds of jobs as inputs cost Snakemake's scheduler
+        half a core in `make report` (it sizes every ready job's inputs each round)."""
+        return self.code(job, name, arch)["digest"]
 
     def resources(self, rule: str) -> dict[str, Any]:
         """``mem_mb`` and ``runtime`` of a rule's jobs, from the config's ``resources``;
@@ -301,6 +297,8 @@ class Jobs:
         out = {}
         for name, nb in spec.items():
             where = f"{path}: {name}"
+            if name not in self.table["code"]["notebooks"]:
+                raise StudyError(f"error: {where}: there is no notebook {name}.ipynb beside it; add it, or remove the entry")
             inputs = []
             for ref in nb.get("inputs", []):
                 found = self.reference(ref, f"{where}.inputs")
@@ -312,7 +310,8 @@ class Jobs:
                     raise StudyError(f"error: {where}.params.{key}: {ref!r} names several files; a parameter takes one")
                 params[key] = value
             out[name] = Notebook(name, inputs, params, [f"{self.report}/figures/{f}.pdf" for f in nb.get("figures", [])],
-                                 [f"{self.report}/tables/{t}.tex" for t in nb.get("tables", [])])
+                                 [f"{self.report}/tables/{t}.tex" for t in nb.get("tables", [])],
+                                 code=self.code_digest("notebook", name))
         return out
 
     def reference(self, ref: str, where: str = "notebooks/outputs.yaml", param: bool = False) -> str | list[str]:
@@ -324,6 +323,9 @@ class Jobs:
         if kind == "runs":
             return self.run_files(rest)
         if kind == "src":
+            if rest.endswith(".py"):
+                raise StudyError(f"error: {where}: {ref!r} names code; a notebook's code is what its cells import "
+                                 "(seqmix.sources), so list only the data files it reads")
             return sorted(str(p) for p in REPO_ROOT.glob(rest)) if glob.has_magic(rest) else str(REPO_ROOT / rest)
         if kind == "analysis" and not param:
             if rest not in OPTIONAL_ANALYSES:
@@ -352,6 +354,7 @@ class Notebook:
     params: dict[str, str]  # papermill parameters
     figures: list[str]
     tables: list[str]
+    code: str  # the digest of its code: the modules its cells import, transitively (seqmix.sources)
 
     @property
     def outputs(self) -> list[str]:

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from seqmix import catalogue
+from seqmix import REPO_ROOT, catalogue
 from seqmix.io import read_json
 from seqmix.mixers import mixer_class
-from seqmix.sources import EVALUATION, run_modules, sources_of
+from seqmix.sources import EVALUATION, Reader, run_modules
 from seqmix.study.jobs import (
     CollectJob,
     ComplexityJob,
@@ -303,12 +303,19 @@ def geometry_job(study: Study) -> GeometryJob:
 # ------------------------------------------------------------------------------------------
 
 
+NOTEBOOKS_GLOB = "notebooks/*.ipynb"  # the report's notebooks, in the checkout
+
+
 def job_code(study: Study) -> dict[str, Any]:
-    """Each job's sources (seqmix.sources), as paths: its rule's inputs, so that an edit reruns
-    the jobs whose results the edited code computes. Training and evaluation by
-    ``"<arch> <kind>"``; the analyses by name, each its module and the mixers it builds."""
-    def files(modules) -> list[str]:
-        return [str(p) for p in sources_of(modules)]
+    """Each job's code (seqmix.sources.code_of: the modules its command runs and their closure,
+    as files and one digest): what Snakemake reruns the job on. Training and evaluation by
+    ``"<arch> <kind>"``; data by group; the analyses by name, each its module and the mixers it
+    builds; each notebook of notebooks/ by name (its code cells' imports)."""
+    reader = Reader()  # one reading of the code for every job
+
+    def code(entries) -> dict[str, Any]:
+        found = reader.code(entries)
+        return {"files": [str(p) for p in found.files], "digest": found.digest}
 
     def mixers(archs) -> list[str]:
         return [catalogue.mixer_entry(a).path.partition(":")[0] for a in archs]
@@ -317,6 +324,7 @@ def job_code(study: Study) -> dict[str, Any]:
     probe = copy_probe_task(study)
     analyses = {
         "collect": ["seqmix.report.collect"],
+        "concat": ["seqmix.io"],
         "complexity": ["seqmix.analysis.complexity", *mixers(complexity_architectures(study))],
         "throughput": ["seqmix.analysis.throughput", *mixers([*throughput_architectures(study), catalogue.BASELINE])],
         "sparsity_run": ["seqmix.analysis.sparsity"],
@@ -326,11 +334,12 @@ def job_code(study: Study) -> dict[str, Any]:
                            *mixers(copy_probe_architectures(study))]} if probe else {}),
     }
     return {
-        "tokenizer": files(["seqmix.data.tokenizer"]),
-        "data": {g: files([catalogue.task_entry(catalogue.kind_of(g)).path.partition(":")[0]]) for g in groups(study)},
-        "train": {f"{a} {k}": files(run_modules(a, k)) for a, k in pairs},
-        "eval": {f"{a} {k}": files(run_modules(a, k, EVALUATION)) for a, k in pairs},
-        "analyses": {name: files(modules) for name, modules in analyses.items()},
+        "tokenizer": code(["seqmix.data.tokenizer"]),
+        "data": {g: code([catalogue.task_entry(catalogue.kind_of(g)).path.partition(":")[0]]) for g in groups(study)},
+        "train": {f"{a} {k}": code(run_modules(a, k)) for a, k in pairs},
+        "eval": {f"{a} {k}": code(run_modules(a, k, EVALUATION)) for a, k in pairs},
+        "analyses": {name: code(modules) for name, modules in analyses.items()},
+        "notebooks": {nb.stem: code([nb]) for nb in sorted(REPO_ROOT.glob(NOTEBOOKS_GLOB))},
     }
 
 

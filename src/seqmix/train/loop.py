@@ -13,8 +13,10 @@ What makes a rerun end exactly like an uninterrupted run:
   ``train`` on the same run fails at once naming the holder);
 - a checkpoint holds everything the loop depends on (weights, optimiser, schedule, RNG,
   the log and the train-loss window), and every fresh start (no checkpoint, one from other
-  settings, or an unreadable one, which is moved aside) seeds the dropout stream the same
-  way;
+  settings or other code, or an unreadable one, which is moved aside) seeds the dropout
+  stream the same way;
+- a checkpoint is the run's only when its identity (``run_identity``: the settings and the
+  digest of the code that trains it) is this run's: an edited mixer trains from step 0;
 - a finished run keeps ``checkpoints/final.pt`` (weights and log, no optimiser state): a
   job killed after its results were written (Snakemake then deletes them) writes them
   again from it instead of training again. Delete ``checkpoints/`` to reclaim the space.
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import sys
 import time
 from pathlib import Path
@@ -34,37 +35,28 @@ import torch
 from tqdm import tqdm
 
 from seqmix import measure
-from seqmix.errors import ConfigError
+from seqmix.device import resolve_device
+from seqmix.errors import CodeChanged, ConfigError
 from seqmix.io import exclusive_lock, remove_stale_temps, write_csv, write_json
 from seqmix.measure import GIB
 from seqmix.mixers import dispatch
 from seqmix.models.blocks import stack_reach
 from seqmix.models.budget import solve_budget
-from seqmix.sources import digests, run_modules, sources_of
+from seqmix.sources import Code, code_of, run_modules
 from seqmix.study.jobs import TrainJob
 from seqmix.study.settings import TrainSettings
 from seqmix.tasks import make_task
 from seqmix.tasks.base import Task
 from seqmix.train import checkpoint
 from seqmix.train.provenance import provenance
-from seqmix.train.step import StepLoss, optimizer_step, step_loss
+from seqmix.train.step import StepLoss, lr_lambda, make_optimizer, optimizer_step, step_loss
 
 LOG_FIELDS = ["step", "phase", "loss", "metric", "metric_value", "lr", "grad_norm", "seen", "elapsed_s"]
 CHECKPOINT = Path("checkpoints") / "last.pt"  # the latest state of a run in progress
 FINAL = Path("checkpoints") / "final.pt"  # a finished run: what its results are written from
 LOCK = "train.lock"
-CHECKPOINT_KEYS = ("spec_hash", "model", "optimizer", "scheduler", "rng", "state")
-FINAL_KEYS = ("spec_hash", "model", "state")
-
-
-def resolve_device(name: str, key: str = "train.device") -> torch.device:
-    """The torch device a config's ``auto | cpu | cuda`` names; ``key`` is named when the
-    GPU it asks for is missing."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"config key '{key}' is 'cuda' but no GPU is visible; use 'auto' or 'cpu'")
-    return torch.device(name)
+CHECKPOINT_KEYS = ("identity", "model", "optimizer", "scheduler", "rng", "state")
+FINAL_KEYS = ("identity", "model", "state")
 
 
 def check_precision(train: TrainSettings, device: torch.device) -> None:
@@ -95,39 +87,27 @@ def memory_problem(task: Task, model: torch.nn.Module, batch_size: int, device: 
 
 
 def spec_hash(spec: TrainJob) -> str:
-    """Identity of a run's settings; a checkpoint from other settings is not resumed."""
+    """Identity of a run's settings (config.json's ``spec_hash``)."""
     return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
 
 
-def lr_lambda(train: TrainSettings):
-    warmup, total, floor = train.warmup_steps, train.steps, train.min_lr_ratio
+def run_code(spec: TrainJob, planned: str | None = None) -> Code:
+    """The code that trains ``spec`` (seqmix.sources: its mixer's and task's modules, the
+    training loop, what they import). ``planned``: the digest the workflow planned the job
+    with (``train --code``); a checkout whose code differs now fails before any step, since
+    its results would be recorded under a digest they were not made by."""
+    code = code_of(run_modules(spec.arch, spec.kind))
+    if planned is not None and planned != code.digest:
+        raise CodeChanged(f"the code of run {spec.label} changed after the workflow planned it (planned "
+                          f"digest {planned}, this checkout's {code.digest}): run the workflow again, which "
+                          "plans it with the code as it is now")
+    return code
 
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    return f
-
-
-def make_optimizer(model: torch.nn.Module, train: TrainSettings) -> torch.optim.AdamW:
-    """AdamW over the model's parameters; fused (one kernel for every update) under
-    ``train.compile``."""
-    # Decay matrices only (nanoGPT): not biases, norms, embeddings' positions, nor the
-    # parameters a mixer names in no_weight_decay() (Mamba's A_log and D, ToST's temp).
-    no_decay = set()
-    for mod_name, module in model.named_modules():
-        if hasattr(module, "no_weight_decay") and callable(module.no_weight_decay):
-            no_decay |= {f"{mod_name}.{n}" if mod_name else n for n in module.no_weight_decay()}
-    decay, other, seen = [], [], set()
-    for name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.dim() >= 2 and name not in no_decay else other).append(p)
-    groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas), fused=train.compile or None)
+def run_identity(spec: TrainJob, code: Code) -> str:
+    """Identity of a run: its settings and the digest of its code. A checkpoint (last or
+    final) of another identity is never resumed: the run trains from its first step."""
+    return hashlib.sha256(f"{spec.model_dump_json()}\n{code.digest}".encode()).hexdigest()[:16]
 
 
 def build_for_spec(spec: TrainJob, task: Task) -> tuple[torch.nn.Module, dict]:
@@ -173,17 +153,18 @@ class Run:
     state: Progress
     loss_of: StepLoss  # the training step's loss: eager, or compiled under train.compile
     started: float = 0.0
+    code: Code | None = None  # the code that trains it (seqmix.sources), part of its identity
     finished_before: bool = False  # restored from final.pt: only the results are written again
-    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # the code that trains it: {file: sha256}
 
     @property
     def run_dir(self) -> Path:
         return Path(self.spec.run_dir)
 
 
-def start(spec: TrainJob) -> Run:
+def start(spec: TrainJob, code: Code) -> Run:
     """Build the task, model and optimiser; resume from the run's checkpoint when it was
-    written with these settings, else start from the seed. The caller holds the lock."""
+    written with these settings and this code, else start from the seed. The caller holds
+    the lock."""
     run_dir = Path(spec.run_dir)
     for d in (run_dir, run_dir / CHECKPOINT.parent):
         remove_stale_temps(d)  # left by a killed writer; no live one while we hold the lock
@@ -199,18 +180,19 @@ def start(spec: TrainJob) -> Run:
         raise ConfigError(problem)  # before step 1, instead of the kernel's OOM kill mid-run
     opt = make_optimizer(model, train)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train))
-    run = Run(spec, task, model, opt, sched, device, size, spec_hash(spec), Progress(),
-              step_loss(task, model, device, train), sources=digests(sources_of(run_modules(spec.arch, spec.kind))))
+    run = Run(spec, task, model, opt, sched, device, size, run_identity(spec, code), Progress(),
+              step_loss(task, model, device, train), code=code)
     resume_or_init(run)
     write_json(run_dir / "config.json", {**spec.model_dump(mode="json"), "resolved_size": size,
-                                         "spec_hash": run.identity})
+                                         "spec_hash": spec_hash(spec)})
     run.started = time.time() - run.state.elapsed
     return run
 
 
 def resume_or_init(run: Run) -> None:
     """Resume from the final checkpoint (a finished run: only its results are written
-    again) or the last one, when written with these settings; else start afresh."""
+    again) or the last one, when written with these settings and this code; else start
+    afresh."""
     for rel, keys in ((FINAL, FINAL_KEYS), (CHECKPOINT, CHECKPOINT_KEYS)):
         ckpt = usable_checkpoint(run, run.run_dir / rel, keys)
         if ckpt is None:
@@ -235,7 +217,7 @@ def resume_or_init(run: Run) -> None:
 
 def usable_checkpoint(run: Run, path: Path, keys: tuple[str, ...]) -> dict | None:
     """The checkpoint at ``path`` if it exists, can be read and was written with this run's
-    settings; an unreadable one is moved aside (else every rerun would fail on it)."""
+    settings and code; an unreadable one is moved aside (else every rerun would fail on it)."""
     if not path.exists():
         return None
     try:
@@ -244,8 +226,8 @@ def usable_checkpoint(run: Run, path: Path, keys: tuple[str, ...]) -> dict | Non
         aside = checkpoint.move_aside(path)
         print(f"warning: {e}; moved it to {aside} and not resuming from it", file=sys.stderr)
         return None
-    if ckpt["spec_hash"] != run.identity:
-        print(f"ignoring {path}: written with other settings", file=sys.stderr)
+    if ckpt["identity"] != run.identity:
+        print(f"ignoring {path}: written with other settings or other code", file=sys.stderr)
         return None
     return ckpt
 
@@ -314,21 +296,22 @@ def ended(state: Progress) -> str:
 def save_checkpoint(run: Run) -> None:
     run.state.elapsed = time.time() - run.started
     checkpoint.save_atomic({
-        "spec_hash": run.identity, "model": run.model.state_dict(), "optimizer": run.opt.state_dict(),
+        "identity": run.identity, "model": run.model.state_dict(), "optimizer": run.opt.state_dict(),
         "scheduler": run.sched.state_dict(), "rng": checkpoint.rng_state(),
         "state": dataclasses.asdict(run.state),
     }, run.run_dir / CHECKPOINT)
 
 
-def train(spec: TrainJob, progress: bool = True) -> dict:
+def train(spec: TrainJob, progress: bool = True, planned_code: str | None = None) -> dict:
     """Train one run to its end (or its divergence) and write its results; the run
-    directory is this process's until then."""
+    directory is this process's until then. ``planned_code``: the digest of its code the
+    workflow planned it with (``run_code``)."""
     run_dir = Path(spec.run_dir)
     # train.reference_mixers forces the references for this run; else the process's setting
     # (provenance.json records it and the path each fast path took)
     implementation = "reference" if spec.train.reference_mixers else None
     with exclusive_lock(run_dir / LOCK, f"run directory {run_dir}"), dispatch.using(implementation):
-        run = start(spec)
+        run = start(spec, run_code(spec, planned_code))
         if run.state.status is None:
             train_steps(run, progress)
         return finish(run)
@@ -373,12 +356,12 @@ def finish(run: Run) -> dict:
     ckpt_dir = run.run_dir / CHECKPOINT.parent
     if not run.finished_before:
         run.state.elapsed = time.time() - run.started
-        checkpoint.save_atomic({"spec_hash": run.identity, "model": run.model.state_dict(),
+        checkpoint.save_atomic({"identity": run.identity, "model": run.model.state_dict(),
                                 "state": dataclasses.asdict(run.state)}, run.run_dir / FINAL)
     checkpoint.save_atomic({"model": run.model.state_dict(), "size": run.size}, run.run_dir / "model.pt")
     write_csv(run.run_dir / "log.csv", run.state.log, LOG_FIELDS)
     metrics = metrics_of(run)
-    write_json(run.run_dir / "provenance.json", provenance(run.device, seed=run.spec.seed, sources=run.sources,
+    write_json(run.run_dir / "provenance.json", provenance(run.device, seed=run.spec.seed, code=run.code,
                                                           wall_time_s=run.state.elapsed,
                                                           training_step=run.loss_of.record()))
     write_json(run.run_dir / "metrics.json", metrics)

@@ -4,6 +4,7 @@ the mixers' fast paths, seed, time)."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import subprocess
@@ -13,6 +14,7 @@ import torch
 
 from seqmix import REPO_ROOT
 from seqmix.mixers import dispatch
+from seqmix.sources import Code
 
 PACKAGES = ("torch", "triton", "numpy", "datasets", "tokenizers", "snakemake", "seqmix")
 
@@ -75,23 +77,24 @@ def device_record(device: torch.device) -> dict:
     return rec
 
 
-def code_record(sources: dict[str, str] | None = None) -> dict:
-    """The folders seqmix and its kernels were imported from (the checkout that ran) and the
-    digests of the sources that made the result (seqmix.sources.digests)."""
+def code_record(code: Code | None = None) -> dict:
+    """The folders seqmix and its kernels were imported from (the checkout that ran), the
+    digest of the code that made the result and each of its files' (seqmix.sources)."""
     import seqmix
-    import seqmix.kernels
 
-    return {"seqmix": str(Path(seqmix.__file__).parent), "kernels": str(Path(seqmix.kernels.__file__).parent),
-            "sources": sources or {}}
+    # Found, not imported: importing the kernels' package would make it code of every run.
+    kernels = importlib.util.find_spec("seqmix.kernels")
+    return {"seqmix": str(Path(seqmix.__file__).parent), "kernels": str(Path(kernels.origin).parent),
+            "digest": code.digest if code else None, "sources": code.sources() if code else {}}
 
 
-def provenance(device: torch.device, seed: int | None = None, sources: dict[str, str] | None = None, **extra) -> dict:
-    """``sources``: the digests of the code that made the result (``code.sources``).
+def provenance(device: torch.device, seed: int | None = None, code: Code | None = None, **extra) -> dict:
+    """``code``: the code that made the result (``code.digest``, ``code.sources``).
     ``implementation``: the dispatch setting and the path each mixer fast path took in the
     current block (a training run: ``train`` opens one), e.g. {"grassmann": "triton"}."""
     return {
         "git": git_commit(),
-        "code": code_record(sources),
+        "code": code_record(code),
         "packages": package_versions(),
         "device": device_record(device),
         "implementation": dispatch.provenance(),
