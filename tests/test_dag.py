@@ -149,13 +149,13 @@ def test_the_claims_table_is_the_evaluator_on_this_runs_results(full_run):
         assert macros[macro_name("cl", f"{r.id}-verdict")] == r.verdict, r.id
     # ... and the Grassmann gap is this run's: 100 (ppl_grassmann / ppl_softmax - 1) on the
     # claim's split, from the two runs' eval.json (one seed: the value itself).
-    gap = {c["id"]: c for c in load_claims(claims_file)}["grassmann-wikitext-gap"]
+    gap = {c.id: c for c in load_claims(claims_file)}["grassmann-wikitext-gap"]
     runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
-    split = "validation" if gap.get("split", "test") == "eval" else "test"
+    split = "validation" if gap.split == "eval" else "test"
     ppl = {}
-    for row in runs_csv[runs_csv.task == gap["task"]].itertuples():
+    for row in runs_csv[runs_csv.task == gap.task].itertuples():
         ppl[row.arch] = run_results(work, row)[1]["splits"][split]["ppl"]
-    value = 100 * (ppl[gap["arch"]] / ppl[gap["baseline"]] - 1)
+    value = 100 * (ppl[gap.arch] / ppl[gap.baseline] - 1)
     row = claims.set_index("id").loc["grassmann-wikitext-gap"]
     assert row.value == pytest.approx(value, rel=1e-9) and row.ours == f"{value:.3g}"
     assert row.verdict == "not testable"  # a tiny run is not the claim's scale
@@ -393,6 +393,23 @@ def test_a_bad_config_fails_before_any_job_naming_the_key(tmp_path):
     proc = snakemake(src, tmp_path, "--configfile", str(tmp_path / "bad.yaml"), check=False)
     assert proc.returncode != 0
     assert "unknown key(s) 'learning_rate' under 'tasks.wikitext2.train'" in proc.stderr + proc.stdout
+    assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
+
+
+def test_a_malformed_claim_is_refused_before_any_job_naming_the_claim_and_key(tmp_path):
+    # The report's claims file is validated when the Snakefile is parsed: a claim with a split
+    # its kind does not have stops `snakemake` (a dry run too) before any data or run exists.
+    src = copy_workflow(tmp_path / "src")
+    claims = yaml.safe_load((src / "paper" / "claims.yaml").read_text())
+    gap = next(c for c in claims["claims"] if c["id"] == "grassmann-wikitext-gap")
+    gap["split"] = "validation"
+    (src / "paper" / "claims.yaml").write_text(yaml.safe_dump(claims, sort_keys=False))
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_config(tmp_path, None)))
+    line = (f"error: {src / 'paper' / 'claims.yaml'}: claim 'grassmann-wikitext-gap': key 'split': "
+            "'validation' is not one of the allowed values: eval or test")
+    for args in (["-n"], []):
+        proc = snakemake(src, tmp_path, *args, "--configfile", str(tmp_path / "tiny.yaml"), check=False)
+        assert proc.returncode != 0 and line in (proc.stderr + proc.stdout).splitlines(), proc.stderr[-2000:]
     assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
 
 
