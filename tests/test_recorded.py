@@ -235,4 +235,6 @@ def test_the_quality_numbers_of_a_recording_are_its_runs(study, recorded):
     task = runs.task.iloc[0]
     assert "0.01M params, 6 steps, 2 seeds" in curves_title(runs, task, "recorded")
     assert recorded_macros([rec], recorded)["recorded"].startswith("recorded study tiny-headline/")
+    # The report draws the recorded curves only where there is a recording to draw.
+    assert recorded_macros([rec], recorded)["recordedDrawn"] == "1" and recorded_macros([], recorded)["recordedDrawn"] == "0"
     assert pd.Series(runs.run_dir).map(lambda d: Path(d).is_relative_to(rec.path)).all()
