@@ -25,7 +25,7 @@ def test_the_figures_are_a_panel_per_unswept_task_and_the_recall_sweep(tmp_path)
     pd.DataFrame(runs).to_csv(tmp_path / "summary" / "runs.csv", index=False)
     figures = readme_results.draw(tmp_path, tmp_path / "images")
     assert [name for _, name in figures] == ["quality.png", "recall.png"]
-    assert figures[0][0].startswith("Test WikiText-2 per architecture")
+    assert figures[0][0].startswith("Test metric per architecture (WikiText-2)")
     assert "(one learning rate, 0.003)" in figures[1][0]
     for _, name in figures:
         data = (tmp_path / "images" / name).read_bytes()

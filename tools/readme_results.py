@@ -72,8 +72,8 @@ def draw(results: Path, images: Path) -> list[tuple[str, str]]:
             draw_test_metric(ax, runs, summ, task, colours)
         fig.tight_layout()
         path = save_figure(fig, images / "quality.png")
-        out.append((f"Test {', '.join(task_label(t) for t in single)} per architecture: bars the mean over seeds "
-                    "with its 95 % interval, dots the seeds", path.name))
+        out.append((f"Test metric per architecture ({', '.join(task_label(t) for t in single)}): bars the mean "
+                    "over seeds with its 95 % interval, dots the seeds", path.name))
     groups = width_groups(runs)
     if groups:
         best = best_by_width(runs, groups)
@@ -92,8 +92,9 @@ def draw(results: Path, images: Path) -> list[tuple[str, str]]:
 def markdown(config: str, results: Path, claims: pd.DataFrame, figures: list[tuple[str, str]], link: str) -> str:
     runs = pd.read_csv(results / "summary" / "runs.csv")
     counts = claims.verdict.value_counts()
-    tally = ", ".join(f"{int(counts[v])} {v}" for v in ("agrees", "disagrees", "inconclusive", "not testable")
-                      if v in counts)
+    tally = ", ".join(f"{int(counts[v])} {said}" for v, said in (("agrees", "agree"), ("disagrees", "disagree"),
+                                                                ("inconclusive", "inconclusive"),
+                                                                ("not testable", "not testable")) if v in counts)
     lines = [f"`{config}`, {len(runs)} runs. {provenance_line(results)} Of its {len(claims)} claims: {tally}.",
              "",
              "| claim | verdict | ours (± 95 % interval) | agrees if |",
