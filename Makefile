@@ -27,12 +27,13 @@ SNAKEMAKE = snakemake --profile workflow/executors/local --cores $(CORES) --reso
 # A study's report folder (<results_dir>/report: figures, tables, report.pdf, report.html).
 report_dir = $$(python -m seqmix where report --config $(1))
 
-.PHONY: install latex report report-timings paper paper-smoke paper-headline paper-headline-smoke plan docs-blocks test test-all \
+.PHONY: install latex report report-timings readme-results paper paper-smoke paper-headline paper-headline-smoke plan docs-blocks test test-all \
 	lint clean help gpu-check gpu-check-smoke gpu-wheels gpu-data
 
 help:
 	@echo "make report       the quick profile's report (2-core CPU, about an hour: docs/report-timings.md) -> results/report/, copied to paper/report.pdf"
 	@echo "make report-timings  put the last make report's job times (commit, machine) in docs/report-timings.md"
+	@echo "make readme-results  put what the last make report found (claims table, figures; commit, host) in README.md"
 	@echo "make paper        the paper profile's (config/paper.yaml, GPU) -> results/paper/report/, copied to paper/report.pdf"
 	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU) -> docs/paper-smoke.md"
 	@echo "make paper-headline  the headline study's runs and evaluations on a GPU, then recorded (<= 9 min on an H100)"
@@ -73,6 +74,13 @@ report: install latex
 report-timings: install
 	python -m seqmix benchmarks results/benchmarks --markdown results/benchmarks.md
 	python -m tools.docs docs/report-timings.md results/benchmarks.md
+
+# README.md's Results: what the last finished quick study found (after make report): its claims
+# table and its figures (docs/results/*.png), headed by the commit and host its runs recorded.
+readme-results: install
+	python -m tools.readme_results --config config/config.yaml --images docs/results \
+		--markdown results/readme-results.md
+	python -m tools.docs README.md results/readme-results.md
 
 paper: install latex
 	$(SNAKEMAKE) --configfile config/paper.yaml

@@ -36,6 +36,17 @@ include: "workflow/rules/analysis.smk"
 include: "workflow/rules/report.smk"
 
 
+# The claims the report tests (the claims notebook's file, paper/claims.yaml), read as typed
+# data at every parse like the config (no torch): a malformed claim stops here, dry runs
+# included, one line per problem naming the claim and the key (seqmix.report.claims_file).
+from seqmix.report.claims_file import ClaimsError, load_claims  # noqa: E402
+
+try:
+    load_claims(NOTEBOOKS["claims"].params["claims_file"])
+except ClaimsError as _e:
+    sys.exit(f"error: {_e}")
+
+
 # Before the first job (not in a dry run): what would fail at this study's shapes (budgets
 # that cannot be met, bf16 on a machine without a GPU, analysis lengths beyond its memory)
 # stops the run here, each problem with its config key and the fix (seqmix.preflight).

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from seqmix.report.claims import EVALUATORS, evaluate_claims, judge
+from seqmix.report.claims_file import KINDS, AgreeIf
 
 BASE = {"claim": "a claim", "source": "a paper", "reported": "a number", "requires": {}}
 
@@ -52,23 +53,23 @@ def evaluate(tmp_path, claims: list[dict], runs: list[dict] | None = None, **tab
 def test_every_kind_has_a_test_here():
     tested = {"relative_gap", "accuracy_difference", "metric_threshold", "complexity_exponent", "su_closed_form",
               "measured_sparsity", "width_to_reach", "recall_beyond_reach"}
-    assert set(EVALUATORS) == tested, "a new claim kind needs its tests in this module"
+    assert set(EVALUATORS) == set(KINDS) == tested, "a new claim kind needs its tests in this module"
 
 
 # --- judge: the verdict of a value and its interval -------------------------------------------
 
 
 def test_bounds_are_inclusive():
-    band = {"min": 0.75, "max": 1.25}
+    band = AgreeIf(min=0.75, max=1.25)
     assert judge(0.75, float("nan"), band) == judge(1.25, float("nan"), band) == "agrees"
     assert judge(1.0, 0.25, band) == "agrees"  # [0.75, 1.25]: the interval ends on both bounds
     assert judge(1.5, 0.25, band) == "inconclusive"  # [1.25, 1.75] touches the bound
     assert judge(1.5, 0.125, band) == "disagrees"
-    assert judge(0.0, 0.0, {"max": 0.0}) == judge(0.0, 0.0, {"min": 0.0}) == "agrees"
+    assert judge(0.0, 0.0, AgreeIf(max=0.0)) == judge(0.0, 0.0, AgreeIf(min=0.0)) == "agrees"
 
 
 def test_no_value_is_not_testable():
-    for band in ({"min": 0.8, "max": 1.3}, {"min": 0.0}, {"max": 0.0}):
+    for band in (AgreeIf(min=0.8, max=1.3), AgreeIf(min=0.0), AgreeIf(max=0.0)):
         assert judge(float("nan"), float("nan"), band) == "not testable"
         assert judge(float("nan"), 0.1, band) == "not testable"
 

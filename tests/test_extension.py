@@ -1,5 +1,5 @@
-"""Extending seqmix the way the README says: a 13th mixer is a module in any package plus
-the README's catalogue entry, its options in a config and the README's test command (its
+"""Extending seqmix the way docs/extending.md says: a 13th mixer is a module in any package
+plus the guide's catalogue entry, its options in a config and the guide's test command (its
 "Adding a mixer", step by step, nothing else edited); a new task variant (a second MQAR
 cell, and a sweep over it) is config only. One tiny DAG with both runs through every
 notebook to report.pdf, and each addition shows up in the runs, the analyses and the report."""
@@ -23,9 +23,9 @@ import yaml
 from .conftest import REPO
 from .test_dag import copy_workflow, snakemake
 
-README = (REPO / "README.md").read_text()
-GUIDE = README[README.index("## Adding a mixer"):README.index("## Adding a task")]
-# Step 2's entry and step 4's command, as the README prints them.
+GUIDE_PAGE = (REPO / "docs" / "extending.md").read_text()  # the README points here
+GUIDE = GUIDE_PAGE[GUIDE_PAGE.index("## Adding a mixer"):GUIDE_PAGE.index("## Adding a task")]
+# Step 2's entry and step 4's command, as the guide prints them.
 ENTRY = re.search(r"```python\n\s*(MixerEntry\(.*?\),)\n\s*```", GUIDE, re.S).group(1)
 TEST_COMMAND = re.search(r"`(python -m pytest tests/test_mixers\.py -k \w+)`", GUIDE).group(1)
 NAME, PATH, LABEL = (re.search(rf'{key}="([^"]+)"', ENTRY).group(1) for key in ("name", "path", "label"))
@@ -63,7 +63,7 @@ VARIANT = "mqar/L32-kv4"
 
 
 def add_catalogue_entry(src: Path) -> None:
-    """Step 2: the README's entry, appended to MIXERS."""
+    """Step 2: the guide's entry, appended to MIXERS."""
     path = src / "src" / "seqmix" / "catalogue.py"
     text = path.read_text()
     anchor = "\n)\n\nTASKS"  # the end of MIXERS
@@ -72,7 +72,7 @@ def add_catalogue_entry(src: Path) -> None:
 
 
 def add_plugin(root: Path) -> Path:
-    """Step 1: the module at the README's import path, in a package outside the repository."""
+    """Step 1: the module at the guide's import path, in a package outside the repository."""
     module, _, _ = PATH.partition(":")
     file = root / "plugins" / Path(*module.split(".")).with_suffix(".py")
     for package in [file.parent, *[p for p in file.parent.parents if p > root / "plugins"]]:

@@ -877,13 +877,13 @@ def test_run_files_read_by_evaluation(study, tmp_path, name, how):
 
 def test_a_bad_spec_is_named_before_any_work(tmp_path, capsys):
     assert cli(["train", "--spec", '{"profile": "quick"']) == 2
-    assert capsys.readouterr().err.startswith("error: --spec is not a valid TrainJob (key '<top level>': Invalid JSON")
+    assert capsys.readouterr().err.startswith("error: --spec is not a valid TrainJob (Invalid JSON")
     assert cli(["train", "--spec", json.dumps({"profile": "quick", "task": "mqar"})]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --spec is not a valid TrainJob (key 'kind': required; key 'group': required; ")
+    assert err.startswith("error: --spec is not a valid TrainJob (key 'kind' is required; key 'group' is required; ")
     assert "pass the JSON the Snakefile writes" in err
     assert cli(["data", "mqar", "--spec", "{}"]) == 2
-    assert "error: --spec is not a valid DataJob (key 'kind': required" in capsys.readouterr().err
+    assert "error: --spec is not a valid DataJob (key 'kind' is required" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------

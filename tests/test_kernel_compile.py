@@ -7,7 +7,8 @@ profiles, ``bench kernels`` and the kernel tests make (issue 24), on a machine w
 
 The check runs in a subprocess: the kernels must be defined outside the Triton interpreter,
 which tests/test_kernels.py switches on for the whole pytest process when it is collected.
-A kernel is added to the check by an entry in ``tools.bench.registry.KERNELS`` (see there),
+A kernel is added to the check by its entry in the library's registry, ``seqmix.kernels.KERNELS``,
+and its launches in ``tools.bench.registry.LAUNCHES`` (see there),
 which the kernel bench reads too.
 """
 
@@ -67,15 +68,16 @@ def test_tssa_kernels_compile_at_the_bench_launches(tmp_path):
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm80_and_sm90_at_every_launch(tmp_path):
+    from seqmix.kernels import triton_kernels
+
     from tools.bench.registry import CASES as BENCH_CASES
-    from tools.bench.registry import KERNELS
 
     _, report = _check(tmp_path)
     rows = report["rows"]
     # the cases reach every kernel module from every source that uses it (the bench times no
     # selective scan)
     benched = {op for op, impl, _ in BENCH_CASES if impl == "triton"}
-    for name in KERNELS:
+    for name in triton_kernels():
         origins = {o.split()[0] for r in rows if r["kernel"].startswith(f"{name}.") for o in r["origins"]}
         assert {"config", "paper", "tests"} | ({"bench"} if name in benched else set()) <= origins, (name, origins)
 
@@ -116,19 +118,28 @@ def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_doe
 
 
 def test_every_triton_kernel_module_is_in_the_check():
-    """Each kernels/*.py with a ``@triton.jit`` kernel is named in ``seqmix.kernels.KERNELS``
-    and has a ``tools.bench.registry.KERNELS`` entry for that module with its tests' shapes: Mamba's
-    scan, merged from another branch, once had none, and the check never compiled it."""
+    """Each kernels/*.py with a ``@triton.jit`` kernel is a Triton kernel of the library's
+    registry, ``seqmix.kernels.KERNELS``, by its module, and the tools launch each at its tests'
+    shapes (``tools.bench.registry.LAUNCHES``): Mamba's scan, merged from another branch, once
+    had no launches, and the check never compiled it."""
     from pathlib import Path
 
     from seqmix import kernels
     from tools.bench import registry
 
     with_jit = {p.stem for p in Path(kernels.__file__).parent.glob("*.py") if "@triton.jit" in p.read_text()}
-    assert with_jit == set(kernels.KERNELS) == set(registry.KERNELS), (with_jit, sorted(kernels.KERNELS))
-    for name, entry in registry.KERNELS.items():
-        assert entry.module == kernels.KERNELS[name].split(":")[0], (name, entry.module)
-        assert entry.tests is not None, name
+    triton = kernels.triton_kernels()
+    assert with_jit == set(triton), (with_jit, sorted(triton))
+    assert all(k.module == f"seqmix.kernels.{name}" for name, k in triton.items())
+    assert set(registry.kernel_launches()) == set(triton)  # it refuses otherwise: see below
+    orphan = {**registry.LAUNCHES, "new_kernel": registry.LAUNCHES["tssa"]}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "LAUNCHES", orphan)
+        with pytest.raises(LookupError, match="new_kernel is not registered there"):
+            registry.kernel_launches()
+        mp.setattr(registry, "LAUNCHES", {k: v for k, v in orphan.items() if k not in ("tssa", "new_kernel")})
+        with pytest.raises(LookupError, match="must launch every Triton kernel of seqmix.kernels.KERNELS: add tssa"):
+            registry.kernel_launches()
 
 
 def test_the_check_reaches_the_selective_scan_and_reports_a_scan_that_does_not_compile():
@@ -140,12 +151,14 @@ def test_the_check_reaches_the_selective_scan_and_reports_a_scan_that_does_not_c
         import importlib, json
         from tools.bench import compile_check as cc
         from tools.bench.compile_cases import profile_cases
-        from tools.bench.registry import KERNELS
+        from tools.bench.registry import kernel_launches
 
-        modules = [importlib.import_module(e.module) for e in KERNELS.values()]
-        scan = {KERNELS["selective_scan"].module}
+        kernels = kernel_launches()
+        modules = [importlib.import_module(k.module) for k, _ in kernels.values()]
+        scan_kernel, scan_launches = kernels["selective_scan"]
+        scan = {scan_kernel.module}
         sources = {"profiles": [next(c for c in profile_cases() if " mamba " in c[0] and " train " in c[0])],
-                   "tests": list(KERNELS["selective_scan"].tests())[:2]}
+                   "tests": list(scan_launches.tests())[:2]}
         got = {}
         for source, cases in sources.items():
             launches, errors = cc.record(cases, modules, scan)

@@ -17,6 +17,7 @@ import yaml
 
 from seqmix.cli import main as cli
 from seqmix.report.claims import evaluate_claims, judge
+from seqmix.report.claims_file import AgreeIf
 from seqmix.report.recorded import RUN_FILES, account, first_difference, read_recordings
 from seqmix.report.summary import mean_ci
 
@@ -202,7 +203,7 @@ def test_the_gap_claim_is_decided_on_the_recorded_runs_and_says_where_they_came_
     loose = write_config(tmp_path / "claims.yaml", claims)
     judged = evaluate_claims(loose, tmp_path / "no-results", [rec]).set_index("id").loc[GAP]
     gap = {c["id"]: c for c in claims["claims"]}[GAP]
-    assert judged.verdict == judge(mean, half, gap["agree_if"]) and judged.ours == row.ours
+    assert judged.verdict == judge(mean, half, AgreeIf(**gap["agree_if"])) and judged.ours == row.ours
 
 
 def test_without_an_accepted_recording_the_profiles_runs_decide_and_the_row_says_why(
@@ -234,4 +235,6 @@ def test_the_quality_numbers_of_a_recording_are_its_runs(study, recorded):
     task = runs.task.iloc[0]
     assert "0.01M params, 6 steps, 2 seeds" in curves_title(runs, task, "recorded")
     assert recorded_macros([rec], recorded)["recorded"].startswith("recorded study tiny-headline/")
+    # The report draws the recorded curves only where there is a recording to draw.
+    assert recorded_macros([rec], recorded)["recordedDrawn"] == "1" and recorded_macros([], recorded)["recordedDrawn"] == "0"
     assert pd.Series(runs.run_dir).map(lambda d: Path(d).is_relative_to(rec.path)).all()

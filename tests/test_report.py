@@ -102,15 +102,16 @@ def test_a_gap_whose_interval_straddles_the_claim_is_inconclusive(tmp_path):
 
 def test_judge_uses_the_whole_interval():
     from seqmix.report.claims import judge
+    from seqmix.report.claims_file import AgreeIf
 
-    band = {"min": 0.8, "max": 1.3}
+    band = AgreeIf(min=0.8, max=1.3)
     assert judge(1.0, 0.1, band) == "agrees"
     assert judge(1.0, 0.4, band) == "inconclusive"  # [0.6, 1.4] crosses both bounds
     assert judge(1.5, 0.1, band) == "disagrees"
     assert judge(1.25, 0.1, band) == "inconclusive"
     assert judge(1.0, float("nan"), band) == "agrees"  # one seed: the mean alone
-    assert judge(0.5, 0.2, {"min": 0.0}) == "agrees"
-    assert judge(-0.5, 0.2, {"min": 0.0}) == "disagrees"
+    assert judge(0.5, 0.2, AgreeIf(min=0.0)) == "agrees"
+    assert judge(-0.5, 0.2, AgreeIf(min=0.0)) == "disagrees"
 
 
 def test_grassmann_gap_beyond_the_claim_disagrees(tmp_path):
@@ -171,19 +172,29 @@ def test_a_malformed_claim_names_itself(tmp_path):
     bad = tmp_path / "claims.yaml"
     bad.write_text(yaml.safe_dump({"claims": [{"id": "x", "claim": "c", "source": "s", "reported": "r",
                                                "kind": "vibes", "unit": "u", "agree_if": {}, "requires": {}}]}))
-    with pytest.raises(ClaimsError, match="'x' has kind 'vibes'"):
+    with pytest.raises(ClaimsError, match=r"claim 'x': key 'kind': 'vibes' is not one of the allowed values: relative_gap, "):
         load_claims(bad)
-    bad.write_text(yaml.safe_dump({"claims": [{"id": "w", "claim": "c", "source": "s", "reported": "r",
-                                               "kind": "width_to_reach", "unit": "u", "agree_if": {}, "requires": {},
-                                               "reached_by": "most"}]}))
-    with pytest.raises(ClaimsError, match="claim 'w': reached_by is 'most'; allowed: majority, every"):
+    width = {"id": "w", "claim": "c", "source": "s", "reported": "r", "kind": "width_to_reach", "task": "mqar",
+             "per": "model.d_model", "arch": "h3", "baselines": ["gla"], "threshold": 0.9, "unit": "u",
+             "agree_if": {"min": 1.0}, "requires": {}}
+    bad.write_text(yaml.safe_dump({"claims": [{**width, "reached_by": "most"}]}))
+    with pytest.raises(ClaimsError) as e:
         load_claims(bad)
+    assert str(e.value) == f"{bad}: claim 'w': key 'reached_by': 'most' is not one of the allowed values: majority or every"
+    # One line per problem, each naming the file, the claim and the key; a key a kind does not
+    # take is refused with the keys it does.
+    del width["threshold"]
+    bad.write_text(yaml.safe_dump({"claims": [{**width, "requires": {"min_steps": 10}}]}))
+    with pytest.raises(ClaimsError) as e:
+        load_claims(bad)
+    assert str(e.value).splitlines() == [f"{bad}: claim 'w': key 'threshold' is required",
+                                         f"{bad}: claim 'w': unknown key(s) 'min_steps' under 'requires'"]
 
 
 def test_shipped_claims_file_is_valid_and_sourced():
     claims = load_claims(CLAIMS)
-    assert len({c["id"] for c in claims}) == len(claims)
-    assert all(c["source"].strip() for c in claims)
+    assert len({c.id for c in claims}) == len(claims)
+    assert all(c.source.strip() for c in claims)
 
 
 def test_mean_ci_matches_the_t_interval():

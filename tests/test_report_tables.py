@@ -180,7 +180,8 @@ def test_recall_table_spans_every_width_of_every_group():
     runs = pd.DataFrame({"group": ["a", "a", "b"], "task": ["a/d8", "a/d16", "b/d32"], "arch": ["softmax"] * 3,
                          "seed": [0, 0, 0], "status": ["ok"] * 3, "test_value": [0.5, 0.75, 1.0], "lr": [1e-3] * 3,
                          "train_data": ["x", "x", "y"], "steps_completed": [1000, 700, 900],
-                         "ended": ["plateau", "solved", "budget"], "plateau_rule": [rule] * 3})
+                         "ended": ["plateau", "solved", "budget"], "plateau_rule": [rule] * 3,
+                         "sweep": [json.dumps({"model.d_model": d}) for d in (8, 16, 32)]})
     best = {"a": pd.DataFrame({"task": ["a/d8", "a/d16"], "arch": ["softmax", "softmax"], "per_value": [8.0, 16.0],
                                "test_mean": [0.5, 0.75]}),
             "b": pd.DataFrame({"task": ["b/d32"], "arch": ["softmax"], "per_value": [32.0], "test_mean": [1.0]})}
@@ -191,7 +192,20 @@ def test_recall_table_spans_every_width_of_every_group():
     assert f"b & Softmax & 0 & -- & -- & {cell('1.000', '900b')}" in tex
     assert "from step 800, the best validation accuracy of the last 400 steps beat the best before them by less than 0.01" in tex
     assert recall_tables.recall_macros(best, runs) == {"a-softmax-d8": "0.500", "a-softmax-d16": "0.750",
-                                                       "b-softmax-d32": "1.000", "numGroups": "2"}
+                                                       "b-softmax-d32": "1.000", "numGroups": "2",
+                                                       "selection": "one learning rate, 0.001"}
+
+
+def test_the_recall_captions_say_how_each_widths_run_was_chosen():
+    # One learning rate: nothing is selected, and the caption says which; several: the best
+    # of them per width, on validation (Zoology's protocol).
+    def runs(lrs):
+        return pd.DataFrame([dict(group="a", task=f"a/d{d}-lr{lr:g}", arch=arch, lr=lr, metric="accuracy",
+                                  sweep=json.dumps({"model.d_model": d, **({"train.lr": lr} if len(lrs) > 1 else {})}))
+                             for arch in ("gla", "h3") for d in (8, 16) for lr in lrs])
+    assert recall_tables.selection_text(runs([3e-3]), ["a"]) == "one learning rate, 0.003"
+    assert recall_tables.selection_text(runs([1e-3, 3e-3, 1e-2]), ["a"]) == (
+        "the best of 3 learning rates per width, by validation accuracy")
 
 
 def test_the_recall_table_gives_every_seed_and_the_macros_the_majority():
@@ -200,7 +214,8 @@ def test_the_recall_table_gives_every_seed_and_the_macros_the_majority():
     rows = [("d8", 8, s, v, n, e) for s, v, n, e in ((2, 0.9, 1200, "solved"), (0, 0.2, 800, "plateau"), (1, 0.95, 900, "solved"))]
     rows += [("d16", 16, s, v, n, e) for s, v, n, e in ((0, 1.0, 500, "solved"), (1, 1.0, 400, "solved"), (2, 0.3, 1500, "budget"))]
     runs = pd.DataFrame([dict(group="a", task=f"a/{t}", arch="gla", seed=s, status="ok", test_value=v, lr=1e-3,
-                              train_data="x", steps_completed=n, ended=e, plateau_rule="{}") for t, _, s, v, n, e in rows])
+                              train_data="x", steps_completed=n, ended=e, plateau_rule="{}",
+                              sweep=json.dumps({"model.d_model": d})) for t, d, s, v, n, e in rows])
     runs = pd.concat([runs, runs.iloc[:1].assign(seed=3, status="diverged", test_value=float("nan"))])
     best = {"a": pd.DataFrame({"task": ["a/d8", "a/d16"], "arch": ["gla", "gla"], "per_value": [8.0, 16.0]})}
     points = recall_tables.seed_points(runs, best["a"])
@@ -210,7 +225,8 @@ def test_the_recall_table_gives_every_seed_and_the_macros_the_majority():
     assert f"a & GLA & 0 & {cell('0.200', '800p')} & {cell('1.000', '500s')}" in tex
     assert f" &  & 2 & {cell('0.900', '1200s')} & {cell('0.300', '1500b')}" in tex
     assert "& 3 &" not in tex and "fewer seeds" not in tex
-    assert recall_tables.recall_macros(best, runs) == {"a-gla-d8": "0.900", "a-gla-d16": "1.000", "numGroups": "1"}
+    assert recall_tables.recall_macros(best, runs) == {"selection": "one learning rate, 0.001", "a-gla-d8": "0.900",
+                                                       "a-gla-d16": "1.000", "numGroups": "1"}
     # A mixer with one seed beside it is named in the note.
     runs = pd.concat([runs, runs.iloc[:1].assign(arch="softmax", seed=0)])
     best["a"] = pd.concat([best["a"], best["a"].iloc[:1].assign(arch="softmax")])

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from seqmix.kernels.linear_scan import linear_scan
 
 from seqmix import mixers
 from seqmix.mixers.gla import gla_chunk_hierarchical, gla_chunk_reference, gla_recurrent_reference
@@ -26,7 +27,7 @@ from seqmix.mixers.mamba import (
     selective_scan_fused,
     selective_scan_reference,
 )
-from seqmix.mixers.scan import linear_scan, linear_scan_reference
+from seqmix.mixers.scan import linear_scan_reference
 from seqmix.mixers.tssa import tssa_membership, tssa_reference
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.study.settings import TrainSettings

@@ -6,8 +6,11 @@ JSON object), calls one library function with it, and writes files; nothing here
 results in memory between commands. Run
 ``python -m seqmix <command> --help`` for each command's options.
 
-This is the one module that reads environment variables (``read_environment``; a test keeps
-it so): each becomes an explicit setting or argument before the command runs.
+The command line reads the environment here, once (``read_environment`` and the data
+mirror of ``data``), and turns each variable into an explicit setting or argument before the
+command runs. The other two modules that read it are entry points of their own: seqmix.slots
+(the GPUs it spreads jobs over) and seqmix.study.dag (the Snakefile's: its cache key, and the
+environment of the ``jobs`` command it runs); tests/test_dispatch.py keeps it so.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-from seqmix.study.load import DEFAULT_CONFIG, ConfigError, load_study
+from seqmix.errors import ConfigError, problem_lines
+from seqmix.study.load import DEFAULT_CONFIG, load_study
 from seqmix.study.settings import MIRROR_ENV
 
 REFERENCE_ENV = "SEQMIX_REFERENCE_MIXERS"  # 1: plain PyTorch mixers everywhere (dispatch setting "reference")
@@ -54,11 +58,8 @@ def parse_spec(model, text: str):
     try:
         return model.model_validate_json(text)
     except ValidationError as e:
-        errors = e.errors()
-        problems = "; ".join(
-            f"key '{'.'.join(map(str, err['loc'])) or '<top level>'}': "
-            + ("required" if err["type"] == "missing" else err["msg"])
-            for err in errors[:8]) + (f"; and {len(errors) - 8} more" if len(errors) > 8 else "")
+        lines = problem_lines(e.errors(), what="key")
+        problems = "; ".join(lines[:8]) + (f"; and {len(lines) - 8} more" if len(lines) > 8 else "")
         raise ConfigError(
             f"--spec is not a valid {model.__name__} ({problems}); pass the JSON the Snakefile writes "
             "(`snakemake -n -p` prints it), or use --config instead") from None
@@ -335,18 +336,24 @@ def cmd_schema(args) -> int:
     return 0
 
 
-def _add(sub, name, func, help_, config=True):
+JOB_SPEC = "the job spec"  # what --spec is for most commands: exactly what that job reads
+
+
+def _add(sub, name, func, help_, config=True, spec: str | None = None):
+    """A command; ``spec`` names what its ``--spec`` JSON is (None: it takes no spec)."""
     sp = sub.add_parser(name, help=help_, description=help_)
     if config:
         sp.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config file, or a JSON object")
+    if spec:
+        sp.add_argument("--spec", help=f"{spec} as JSON, what the Snakefile passes (instead of --config)")
     sp.set_defaults(func=func)
     return sp
 
 
 def _add_copy_probe(sub) -> None:
     sp = _add(sub, "copy-probe", cmd_copy_probe,
-              "can each mixer copy the previous token? a fresh model per architecture, built as the MQAR task builds its own")
-    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
+              "can each mixer copy the previous token? a fresh model per architecture, built as the MQAR task builds its own",
+              spec=JOB_SPEC)
     sp.add_argument("--out", default="results/analysis/copy_probe.csv")
     sp.add_argument("--threads", type=int, default=None)
     sp.add_argument("--quiet", action="store_true")
@@ -354,35 +361,35 @@ def _add_copy_probe(sub) -> None:
 
 def _add_analyses(sub) -> None:
     sp = _add(sub, "complexity", cmd_complexity,
-              "counted FLOPs, bytes written, peak memory and wall time of each mixer vs sequence length")
+              "counted FLOPs, bytes written, peak memory and wall time of each mixer vs sequence length",
+              spec=JOB_SPEC)
     sp.add_argument("--out", default="results/analysis/complexity.csv")
     sp.add_argument("--fit-out", default=None, help="default: <out stem>_fit.csv beside --out")
     sp.add_argument("--growth-out", default=None, help="default: <out stem>_growth.csv beside --out")
-    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
     sp.add_argument("--arch", action="append", help="measure only this architecture (repeatable)")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
                     help="override analysis.complexity.device (e.g. cuda with --out results/bench/<gpu>/complexity.csv)")
     sp.add_argument("--threads", type=int, default=None)
     sp.add_argument("--quiet", action="store_true")
 
-    sp = _add(sub, "sparsity", cmd_sparsity, "Su's sparsity of trained models' attention rows and Jacobians")
-    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
+    sp = _add(sub, "sparsity", cmd_sparsity, "Su's sparsity of trained models' attention rows and Jacobians",
+              spec=JOB_SPEC)
     sp.add_argument("--run", help="one run directory (default: every finished run the analysis measures)")
     sp.add_argument("--out", default="results/analysis/sparsity.csv")
     sp.add_argument("--threads", type=int, default=None)
 
-    sp = _add(sub, "sparsity-analytic", cmd_sparsity_analytic, "Su's sparsity closed forms as curves (no training)")
-    sp.add_argument("--spec", help="analysis.sparsity_analytic as JSON (what the Snakefile passes; instead of --config)")
+    sp = _add(sub, "sparsity-analytic", cmd_sparsity_analytic, "Su's sparsity closed forms as curves (no training)",
+              spec="analysis.sparsity_analytic")
     sp.add_argument("--out", default="results/analysis/sparsity_analytic.csv")
 
-    sp = _add(sub, "geometry", cmd_geometry, "Plücker and plane geometry of Grassmann runs, TSSA compression term")
-    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
+    sp = _add(sub, "geometry", cmd_geometry, "Plücker and plane geometry of Grassmann runs, TSSA compression term",
+              spec=JOB_SPEC)
     sp.add_argument("--out", default="results/analysis/geometry.csv")
     sp.add_argument("--threads", type=int, default=None)
 
     sp = _add(sub, "throughput", cmd_throughput,
-              "training tokens/s of every causal mixer's LM beside softmax (analysis.throughput)")
-    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
+              "training tokens/s of every causal mixer's LM beside softmax (analysis.throughput)",
+              spec=JOB_SPEC)
     sp.add_argument("--lengths", type=int, nargs="+", default=None, help="L values (default: analysis.throughput.lengths)")
     sp.add_argument("--out", default="results/analysis/throughput.csv")
     sp.add_argument("--arch", action="append", help="time only this architecture (repeatable; softmax is added)")
@@ -394,15 +401,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m seqmix", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    sp = _add(sub, "data", cmd_data, "prepare the tokenizer or one task's data (a task of the config, e.g. mqar)")
+    sp = _add(sub, "data", cmd_data, "prepare the tokenizer or one task's data (a task of the config, e.g. mqar)",
+              spec=JOB_SPEC)
     sp.add_argument("name", help="'tokenizer', or a task of the config (its group: the name before any sweep point)")
-    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes)")
 
-    sp = _add(sub, "train", cmd_train, "train one (task, architecture, seed); resumes from its checkpoint")
-    sp.add_argument("--task")
-    sp.add_argument("--arch")
+    sp = _add(sub, "train", cmd_train, "train one (task, architecture, seed); resumes from its checkpoint",
+              spec="a complete run spec")
+    sp.add_argument("--task", help="a task of --config (a sweep point by its full name, e.g. mqar/L64-kv4/d64-lr0.001)")
+    sp.add_argument("--arch", help="an architecture (python -m seqmix mixers lists them)")
     sp.add_argument("--seed", type=int, default=0)
-    sp.add_argument("--spec", help="a complete run spec as JSON (what the Snakefile passes)")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
     sp.add_argument("--code", help="the digest of the run's code the workflow planned it with (it fails if the "
                     "checkout's differs); default: this checkout's")
@@ -459,8 +466,8 @@ def _add_summaries(sub) -> None:
     sp.add_argument("inputs", nargs="+")
     sp.add_argument("--out", required=True)
 
-    sp = _add(sub, "collect", cmd_collect, "gather every run's metrics into one CSV (and breakdowns into another)")
-    sp.add_argument("--spec", help="the job spec as JSON (what the Snakefile passes; instead of --config)")
+    sp = _add(sub, "collect", cmd_collect, "gather every run's metrics into one CSV (and breakdowns into another)",
+              spec=JOB_SPEC)
     sp.add_argument("--out", default="results/summary/runs.csv")
     sp.add_argument("--breakdown-out", default=None, help="default: breakdown.csv beside --out")
 

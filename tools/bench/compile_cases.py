@@ -18,8 +18,8 @@ the scan's halves are ``torch.library`` custom ops, whose host code the recordin
 place of their fake impls (``compile_jit``).
 
 Not covered: the sparsity and geometry analyses and generation (no kernel there).
-A new kernel is one entry of ``tools.bench.registry.KERNELS`` (and its function in
-``seqmix.kernels.KERNELS``).
+A new kernel is its entry in ``seqmix.kernels.KERNELS`` and its launches in
+``tools.bench.registry.LAUNCHES``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from seqmix import REPO_ROOT as REPO  # the checkout: its config/ is read
-from tools.bench.registry import KERNELS, Case, backward, dtype_name
+from tools.bench.registry import Case, backward, dtype_name, kernel_launches
 
 PROFILES = ("config/config.yaml", "config/paper.yaml")
 BENCH_BATCH = 4
@@ -169,11 +169,11 @@ def bench_cases() -> Iterator[Case]:
     from tools.bench.kernels import DEFAULT_LENGTHS
 
     lengths = sorted({*DEFAULT_LENGTHS, *BENCH_EXTRA_LENGTHS})
-    for op, kernel in KERNELS.items():
-        if kernel.bench is None:
+    for op, (_, launch) in kernel_launches().items():
+        if launch.bench is None:
             continue
         for dtype in BENCH_DTYPES:
-            def call(case=kernel.bench, dtype=dtype):
+            def call(case=launch.bench, dtype=dtype):
                 for L in lengths:
                     inputs, fn, _ = case("triton", BENCH_BATCH, L, dtype, torch.device("cpu"))
                     backward(fn(*inputs))
@@ -181,8 +181,8 @@ def bench_cases() -> Iterator[Case]:
 
 
 def test_cases() -> Iterator[Case]:
-    for kernel in KERNELS.values():
-        yield from kernel.tests()
+    for _, launch in kernel_launches().values():
+        yield from launch.tests()
 
 
 SOURCES: dict[str, Callable[[], Iterator[Case]]] = {"profiles": profile_cases, "bench": bench_cases,

@@ -47,14 +47,14 @@ _NO_KERNEL: set[tuple[str, str]] = set()
 
 
 def count_kernel_calls() -> dict[str, int]:
-    """Wrap every function of ``seqmix.kernels.KERNELS`` with a call counter (once per process);
-    the counts, by registered name."""
-    from seqmix.kernels import KERNELS
+    """Wrap every Triton kernel of ``seqmix.kernels.KERNELS`` with a call counter (once per
+    process); the counts, by registered name."""
+    from seqmix.kernels import triton_kernels
 
-    for name, target in KERNELS.items():
+    for name, kernel in triton_kernels().items():
         if name in _CALLS:
             continue
-        module, _, attr = target.partition(":")
+        module, _, attr = kernel.fast.partition(":")
         mod = importlib.import_module(module)
         original = getattr(mod, attr)
 
@@ -146,10 +146,10 @@ def check_case(config: str, arch: str, form: str, dtype: str, L: int, d_model: i
 def coverage(rows: list[dict]) -> list[str]:
     """One line per registered kernel: the mixers that reached it and its largest errors, or
     that none did (no check)."""
-    from seqmix.kernels import KERNELS
+    from seqmix.kernels import triton_kernels
 
     lines = []
-    for name in KERNELS:
+    for name in triton_kernels():
         hit = [r for r in rows if name in str(r.get("kernels", "")).split()]
         if not hit:
             lines.append(f"{name}: reached by no mixer: NOT CHECKED")

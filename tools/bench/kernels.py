@@ -3,7 +3,7 @@
 ``python -m tools.bench kernels [--lengths 256 1024 ...] [--out results/bench/<gpu>/kernels.csv]``
 
 What is timed (the mixing cores only, no projections, batch ``--batch``, ``--dtype``; each
-op's case builder is its entry of ``tools.bench.registry.KERNELS``):
+op's case builder is its entry of ``tools.bench.registry.LAUNCHES``):
 
 - ``grassmann``: z (B, L, r=32) -> g (B, L, d=256), offsets (1, 2, 4, 8, 12, 16), normalised
   (the paper's sizes, Zhang 2025, arXiv:2512.19428, §3.2 and §4.1); impls ``triton`` (kernels.grassmann) and

@@ -1,11 +1,11 @@
-"""The one registry of the project's Triton kernels for the maintainer's checks: an entry per
-module of kernels (kernels/<name>.py, ``seqmix.kernels.<name>``) says how the kernel bench
-(``python -m tools.bench kernels``, ``make gpu-check``) times it, against what, and how the
-compile check (``python -m tools.bench.compile_check``) launches it at its own tests' shapes
-(the ``*_CASES`` tables of tests/test_kernels.py). A new kernel is one ``KERNELS`` entry
-here, beside its function in ``seqmix.kernels.KERNELS``; the compile check refuses to run
-while the two name different kernels, and a test checks that every kernels/*.py with a
-``@triton.jit`` kernel is in both.
+"""How the maintainer's checks launch the project's Triton kernels. Which kernels exist, their
+modules and the references they equal are the library's registry, ``seqmix.kernels.KERNELS``
+(``triton_kernels()``); here, per kernel of it, ``LAUNCHES`` says how the compile check
+(``python -m tools.bench.compile_check``) launches it at its own tests' shapes (the ``*_CASES``
+tables of tests/test_kernels.py) and how the kernel bench (``python -m tools.bench kernels``,
+``make gpu-check``) times it, against what. A new Triton kernel is its entry in the library's
+registry and its launches here; ``kernel_launches()`` names a registered kernel that has none, and
+the compile check refuses to run without them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from seqmix.kernels import Kernel, triton_kernels
 
 from seqmix import REPO_ROOT as REPO  # the checkout: its tests/ are read
 
@@ -249,29 +250,46 @@ def backward(out: torch.Tensor) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Kernel:
-    """A module of Triton kernels: every module-level ``@triton.jit`` kernel in it must compile
-    at every launch; ``tests`` yields launches at its own tests' shapes. ``bench`` builds the
-    bench's case at a (batch, length, dtype), for each of ``impls`` (the kernel's ``triton``
-    and what it is timed against); None where the bench does not time it."""
+class Launches:
+    """How the tools launch one Triton kernel of ``seqmix.kernels.KERNELS``: ``tests`` yields
+    launches at its own tests' shapes (every module-level ``@triton.jit`` kernel of its module
+    must compile at each); ``bench`` builds the bench's case at a (batch, length, dtype), for
+    each of ``impls`` (the kernel's ``triton`` and what it is timed against); None where the
+    bench does not time it."""
 
-    module: str
     tests: Callable[[], Iterator[Case]]
     bench: Callable | None = None
     impls: tuple[str, ...] = ()
 
 
-KERNELS: dict[str, Kernel] = {
-    "grassmann": Kernel("seqmix.kernels.grassmann", _grassmann_tests, grassmann_case, ("triton", "reference")),
-    "gla": Kernel("seqmix.kernels.gla", _gla_tests, gla_case, ("triton", "fla", "reference")),
-    "tssa": Kernel("seqmix.kernels.tssa", _tssa_tests, tssa_case, ("triton", "reference")),
+LAUNCHES: dict[str, Launches] = {
+    "grassmann": Launches(_grassmann_tests, grassmann_case, ("triton", "reference")),
+    "gla": Launches(_gla_tests, gla_case, ("triton", "fla", "reference")),
+    "tssa": Launches(_tssa_tests, tssa_case, ("triton", "reference")),
     # not timed by the bench: the compile check's other sources launch it
-    "selective_scan": Kernel("seqmix.kernels.selective_scan", _selective_scan_tests),
+    "selective_scan": Launches(_selective_scan_tests),
 }
+
+
+def kernel_launches() -> dict[str, tuple[Kernel, Launches]]:
+    """Every Triton kernel of the library's registry with its launches here, by name; a
+    LookupError naming those that have none (or a name here the library does not register)."""
+    kernels = triton_kernels()
+    problems = []
+    if missing := sorted(set(kernels) - set(LAUNCHES)):
+        problems.append(f"add {', '.join(missing)}")
+    if unknown := sorted(set(LAUNCHES) - set(kernels)):
+        problems.append(f"{', '.join(unknown)} is not registered there")
+    if problems:
+        raise LookupError("tools.bench.registry.LAUNCHES must launch every Triton kernel of seqmix.kernels.KERNELS: "
+                          + "; ".join(problems))
+    return {name: (k, LAUNCHES[name]) for name, k in kernels.items()}
+
+
 # The bench's cases (op, impl, builder): each kernel's, then the softmax core they replace
 # (SDPA: PyTorch's own, nothing to compile).
 CASES: list[tuple[str, str, Callable]] = [
-    *((name, impl, k.bench) for name, k in KERNELS.items() if k.bench is not None for impl in k.impls),
+    *((name, impl, k.bench) for name, k in LAUNCHES.items() if k.bench is not None for impl in k.impls),
     ("attention", "sdpa", sdpa_case),
 ]
 OPS = list(dict.fromkeys(op for op, _, _ in CASES))  # the kernels' op names (kernels/<op>.py) and SDPA

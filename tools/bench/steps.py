@@ -89,8 +89,9 @@ def _as_on_a_gpu():
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(dispatch, "_applies", lambda path, x, setting: path.kind == "triton"))
         stack.enter_context(mock.patch.object(dispatch, "_check_backward", lambda *args: None))
-        for target in seqmix.kernels.KERNELS.values():
-            module = importlib.import_module(target.split(":")[0])
+        for entry in seqmix.kernels.KERNELS.values():
+            # each version's own registry: a "module:function" string before Kernel entries
+            module = importlib.import_module((entry if isinstance(entry, str) else entry.fast).split(":")[0])
             for name, value in vars(module).items():
                 if isinstance(value, triton.runtime.JITFunction):
                     stack.enter_context(mock.patch.object(module, name, _NoLaunch()))

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from seqmix import catalogue
+from seqmix.errors import problem_lines
 from seqmix.mixers.base import Mixer, MixerOptionsError
 from seqmix.mixers.options import options_model
 
@@ -67,7 +68,6 @@ def build(
     try:
         valid = options_model(cls.Options).model_validate(options)
     except ValidationError as e:
-        problems = "; ".join((f"option {'.'.join(map(str, err['loc']))}: " if err["loc"] else "")
-                             + err["msg"].removeprefix("Value error, ") for err in e.errors())
+        problems = "; ".join(problem_lines(e.errors(), {(): sorted(field_names)}, what="option"))
         raise MixerOptionsError(f"mixer {name!r}: {problems}") from None
     return cls(d_model, cls.Options(**dict(valid)), causal=causal, max_len=max_len)

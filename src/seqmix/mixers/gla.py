@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from seqmix.kernels.linear_scan import linear_scan
 from seqmix.mixers import dispatch
 from seqmix.mixers.base import Mixer, linear_flops
-from seqmix.mixers.scan import linear_scan
 
 # Secondary chunk length inside a chunk (fla uses 16); the sub-chunk is gcd(C, 16).
 SUBCHUNK = 16
@@ -127,7 +127,7 @@ def gla_chunk_hierarchical(
     """``gla_recurrent_reference`` by chunks whose inside is split in halves: the CPU path.
 
     Same arguments and result; ``chunk_size`` C must be a power of two. Across chunks the
-    state is carried by ``seqmix.mixers.scan.linear_scan`` (no Python loop over chunks).
+    state is carried by ``seqmix.kernels.linear_scan.linear_scan`` (no Python loop over chunks).
     Inside a chunk every pair j < i lies in exactly one block of s = C, C/2, …, 2 tokens with
     j in its first half and i in its second; splitting the decay at the end of the first
     half (both factors ≤ 1) makes each level two matrix products on rescaled q and k (the

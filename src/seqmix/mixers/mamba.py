@@ -22,18 +22,12 @@ states recomputed in the backward from per-chunk checkpoints, as mamba_ssm's CUD
 (``seqmix.kernels.selective_scan_cpu``, compiled at first use), about 5× faster than the
 eager form on the CPU. Used unless no C++ compiler is found or the reference is forced.
 
-``selective_scan_chunked``, everywhere else (``_SelectiveScan``, forward and backward
-written by hand in PyTorch): the recurrence h_t = a_t h_{t-1} + b_t is cut into chunks of C
-tokens and one Python loop over the C positions advances every chunk at once, first from
-zero (each chunk's final state), then, once those are carried across chunks by
-``seqmix.mixers.scan.scan``, from each chunk's true incoming state, writing h and y. So
-there are 2C + O(L/C²) vectorised steps instead of L, each on one cache-sized slab
-(chunks × batch × N × D), and only decays a ∈ (0, 1] are ever multiplied, so nothing
-overflows however strong the decay (no exp(-Σ Δ A) factor as in a cumulative-sum form).
-The backward runs the adjoint λ_t = C_t gy_tᵀ + a_{t+1} λ_{t+1} the same way in reverse and
-accumulates the gradients of x, Δ, A, B and C inside its loop; only exp(Δ A) and h are
-kept from the forward. Time and memory O(L D N): linear in L. Without a fused kernel the
-(L, B, N, D) states are materialised; the fused kernels avoid that.
+``selective_scan_chunked``, everywhere else (``seqmix.kernels.selective_scan_chunked``: chunks
+of C tokens advanced together by Python loops over the C positions, forward and backward
+written by hand in PyTorch; 2C + O(L/C²) vectorised steps instead of L, nothing overflows
+however strong the decay). It materialises the (L, B, N, D) states; the fused kernels avoid
+that. Each of the three is one entry of ``seqmix.kernels.KERNELS``, paired with the
+reference here.
 
 Initialisation (mamba_simple.py, re-applied by ``reset_mixer_parameters`` after the LM's
 GPT-2 init): A_log = log(1..N) per channel, D = 1, dt_proj weight U(±dt_rank^-1/2),
@@ -56,9 +50,9 @@ from torch import nn
 from seqmix.kernels import (
     selective_scan_cpu,  # defines the fused CPU op (and its FLOPs) before any model runs
 )
+from seqmix.kernels.selective_scan_chunked import selective_scan_chunked as chunked_scan
 from seqmix.mixers import dispatch
 from seqmix.mixers.base import Mixer, linear_flops
-from seqmix.mixers.scan import scan
 
 
 def _auto_or_positive(value):
@@ -145,12 +139,13 @@ def selective_scan_chunked(
     z: torch.Tensor | None = None,
     chunk_size: int = MambaOptions.chunk_size,
 ) -> torch.Tensor:
-    """``selective_scan_reference`` by the fused chunked scan; same arguments and result."""
+    """``selective_scan_reference`` by the chunked scan (``seqmix.kernels.selective_scan_chunked``);
+    same arguments and result."""
     out_dtype = u.dtype
     u, delta, A, B, C, D, z = _at_least_fp32(u, delta, A, B, C, D, z)
     time_major = lambda t: t.permute(2, 0, 1)  # noqa: E731  (Bt, ·, L) -> (L, Bt, ·)
     x = time_major(delta * u)
-    y = _SelectiveScan.apply(x, time_major(delta), A, time_major(B), time_major(C), chunk_size)
+    y = chunked_scan(x, time_major(delta), A, time_major(B), time_major(C), chunk_size)
     y = y.permute(1, 2, 0)  # (Bt, D, L)
     return _skip_and_gate(y, u, D, z).to(out_dtype)
 
@@ -191,110 +186,6 @@ def _triton_scan(u, delta, A, B, C, D, z, chunk_size: int) -> torch.Tensor:
 # CPU tensors where it builds.
 TRITON = dispatch.triton_path(_triton_scan)
 FUSED_CPU = dispatch.fused_cpu_path(_fused_scan, _fused_scan_builds)
-
-
-def _chunked(t: torch.Tensor, C: int) -> torch.Tensor:
-    """(L, ...) -> (C, n_chunks, ...) contiguous, zero-padded to a multiple of C: row j holds
-    position j of every chunk, so each step of the loops below reads one contiguous slab."""
-    pad = (-t.shape[0]) % C
-    t = F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad)) if pad else t
-    return t.reshape(-1, C, *t.shape[1:]).transpose(0, 1).contiguous()
-
-
-def _unchunked(t: torch.Tensor, L: int) -> torch.Tensor:
-    return t.transpose(0, 1).flatten(0, 1)[:L]
-
-
-LOG2_E = 1.0 / math.log(2.0)
-
-
-class _SelectiveScan(torch.autograd.Function):
-    """y_t = C_t · h_t, h_t = exp(Δ_t A) ⊙ h_{t-1} + B_t x_tᵀ (states (N, D)), h_{-1} = 0.
-
-    x, Δ: (L, Bt, D); A: (D, N); B, C: (L, Bt, N) -> y: (L, Bt, D). The sequence is cut
-    into chunks of C tokens and one Python loop runs over the C positions, advancing every
-    chunk at once: first chunks 0..n-2 from zero (their final states), then, after those
-    are carried across chunks by ``scan``, every chunk from its true incoming state,
-    writing h and y. Every step touches one (chunks, Bt, N, D) slab rather than all of L.
-    The only full-size tensors are exp(Δ A) and h, kept for the backward, which runs the
-    adjoint λ_t = C_t gy_tᵀ + a_{t+1} ⊙ λ_{t+1} the same way in reverse and accumulates
-    every gradient inside its loop. States are (N, D) so that the contractions over N and
-    D are matrix products. O(L·Bt·D·N) time and memory."""
-
-    @staticmethod
-    def forward(ctx, x, delta, A, B, C, chunk_size):
-        L = x.shape[0]
-        Cc = min(chunk_size, L)
-        x, delta, B, C = (_chunked(t, Cc) for t in (x, delta, B, C))
-        At = A.t()  # (N, D)
-        # exp(Δ A) as 2^(Δ · A log2 e): equal up to a relative |Δ A|·2⁻²³ in fp32 (the
-        # rounding of the scaled exponent); torch's exp2 ran 2-3× faster than its exp on the
-        # CPU measured (AVX-512, one thread: 0.6-1.0 vs 2.2 ns per element). In place: one
-        # full-size buffer, not two. Zero padding past L gives a = 1.
-        a = (delta[..., None, :] * (At * LOG2_E)).exp2_()  # (Cc, n, Bt, N, D)
-        decay = torch.exp(delta.sum(0)[..., None, :] * At)  # product of a over each chunk
-        n = x.shape[1]
-        # The state entering each chunk. Only chunks 0..n-2 pass a state on, so only they
-        # are run from zero (none when the sequence is one chunk).
-        s = x.new_zeros(*x.shape[1:-1], *At.shape)
-        if n > 1:
-            h = torch.zeros_like(s[:-1])
-            for j in range(Cc):  # chunks 0..n-2 from zero: their final states
-                h.mul_(a[j][:-1]).addcmul_(B[j, :-1][..., :, None], x[j, :-1][..., None, :])
-            s[1:] = scan(decay[:-1], h, chunk_size)
-        H, y = x.new_empty(Cc, *s.shape), torch.empty_like(x)
-        h = s
-        for j in range(Cc):  # every chunk from its true incoming state
-            torch.mul(h, a[j], out=H[j]).addcmul_(B[j][..., :, None], x[j][..., None, :])
-            h = H[j]
-            torch.matmul(C[j][..., None, :], h, out=y[j][..., None, :])
-        ctx.save_for_backward(x, delta, At, B, C, a, H, s, decay)
-        ctx.length, ctx.chunk_size = L, chunk_size
-        return _unchunked(y, L)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, gy):
-        x, delta, At, B, C, a, H, s, decay = ctx.saved_tensors
-        Cc, n = H.shape[:2]
-        gy = _chunked(gy, Cc)
-        # The adjoint entering each chunk from the right. Only chunks 1..n-1 pass one on,
-        # so only they are run from zero (none when the sequence is one chunk).
-        lam = torch.zeros_like(s)
-        if n > 1:
-            tail = torch.zeros_like(s[1:])
-            for j in reversed(range(Cc)):  # chunks 1..n-1 from zero: λ at their first position
-                if j < Cc - 1:
-                    tail.mul_(a[j + 1][1:])
-                tail.addcmul_(C[j, 1:][..., :, None], gy[j, 1:][..., None, :])
-            # in_k = decay_{k+1} in_{k+1} + a_0 λ_0 of chunk k+1, carried right to left.
-            carried = a[0][1:] * tail
-            lam[:-1] = scan(decay[1:].flip(0), carried.flip(0), ctx.chunk_size).flip(0)
-        grads = _scan_gradients(lam, gy, x, delta, At, B, C, a, H, s)
-        return (*(_unchunked(g, ctx.length) for g in grads[:2]), grads[2],
-                *(_unchunked(g, ctx.length) for g in grads[3:]), None)
-
-
-def _scan_gradients(lam, gy, x, delta, At, B, C, a, H, s):
-    """The reverse loop of ``_SelectiveScan.backward``: λ from the true incoming adjoints
-    ``lam``, and per position the gradients of x, Δ, A, B and C (chunked layout)."""
-    Cc = H.shape[0]
-    dx, ddelta = torch.empty_like(x), torch.empty_like(delta)
-    dB, dC = torch.empty_like(B), torch.empty_like(C)
-    q, dA_acc = torch.empty_like(lam), torch.zeros_like(lam)  # ∂/∂(Δ A) at one step, Σ_j of it ⊙ Δ_j
-    for j in reversed(range(Cc)):
-        if j < Cc - 1:
-            lam.mul_(a[j + 1])
-        lam.addcmul_(C[j][..., :, None], gy[j][..., None, :])  # λ_j
-        # Contractions over d as row vector @ stateᵀ: the (N, D) @ (D, 1) form ran 6-7× slower
-        # in torch's CPU bmm (measured: 137 vs 20 µs at 64 × (16, 128), one thread).
-        torch.matmul(gy[j][..., None, :], H[j].mT, out=dC[j][..., None, :])  # Σ_d gy_d h_nd
-        torch.matmul(B[j][..., None, :], lam, out=dx[j][..., None, :])  # Σ_n B_n λ_nd
-        torch.matmul(x[j][..., None, :], lam.mT, out=dB[j][..., None, :])  # Σ_d λ_nd x_d
-        torch.mul(lam, a[j], out=q).mul_(H[j - 1] if j else s)  # λ ⊙ a ⊙ h_{j-1}
-        torch.sum(q * At, dim=-2, out=ddelta[j])
-        dA_acc.addcmul_(q, delta[j][..., None, :])
-    return dx, ddelta, dA_acc.sum((0, 1)).t(), dB, dC
 
 
 class Mamba(Mixer):

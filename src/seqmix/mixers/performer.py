@@ -46,9 +46,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from seqmix.kernels.linear_scan import linear_scan
 from seqmix.mixers.base import HeadProjections, Mixer, linear_flops
 from seqmix.mixers.linear import noncausal_linear_attention
-from seqmix.mixers.scan import linear_scan
 
 
 @dataclasses.dataclass

@@ -7,21 +7,35 @@ results files, with our value ± 95% CI, what it was measured on, and a verdict:
 - ``not testable``: the runs do not reach the scale the claim is about (``requires``), or
   the architecture was not run; the reason is given. Our value is still shown.
 
-Everything here reads results files (runs.csv, complexity_fit.csv, sparsity.csv,
-sparsity_analytic.csv) and, for a claim marked ``runs: recorded``, the runs recorded in the
-repository (seqmix.report.recorded); nothing is trained or timed.
+Each evaluator takes one kind's typed claim (seqmix.report.claims_file, where the file is
+read and validated). Everything here reads results files (runs.csv, complexity_fit.csv,
+sparsity.csv, sparsity_analytic.csv) and, for a claim marked ``runs: recorded``, the runs
+recorded in the repository (seqmix.report.recorded); nothing is trained or timed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
-from seqmix.io import yaml_data
+from seqmix.report.claims_file import (
+    AgreeIf,
+    AnyClaim,
+    ClaimsError,
+    ComplexityExponent,
+    MeasuredSparsity,
+    MetricThreshold,
+    OnTask,
+    Paired,
+    RecallBeyondReach,
+    SuClosedForm,
+    WidthToReach,
+    load_claims,
+)
 from seqmix.report.recorded import Recording, chosen, refusal_lines
 from seqmix.report.summary import (
     best_of_sweep,
@@ -32,12 +46,7 @@ from seqmix.report.summary import (
     reach_split,
 )
 
-REQUIRED_KEYS = {"id", "claim", "source", "reported", "kind", "unit", "agree_if", "requires"}
 VERDICTS = ("agrees", "disagrees", "inconclusive", "not testable")
-
-
-class ClaimsError(ValueError):
-    """A malformed claims file; the message names the claim and the key."""
 
 
 @dataclasses.dataclass
@@ -54,28 +63,6 @@ class ClaimResult:
     # The per-seed (or per-point) values the verdict was computed from, for figures: the
     # notebooks plot these rather than recomputing a claim's number.
     values: list[float] = dataclasses.field(default_factory=list)
-
-
-def load_claims(path: str | Path) -> list[dict]:
-    claims = yaml_data(Path(path).read_text())["claims"]
-    seen = set()
-    for c in claims:
-        missing = REQUIRED_KEYS - set(c)
-        cid = c.get("id", "<no id>")
-        if missing:
-            raise ClaimsError(f"{path}: claim {cid!r} lacks key(s) {', '.join(sorted(missing))}")
-        if c["kind"] not in EVALUATORS:  # the kinds are the evaluators' keys (end of this module)
-            raise ClaimsError(f"{path}: claim {cid!r} has kind {c['kind']!r}; allowed: {', '.join(EVALUATORS)}")
-        if not set(c["agree_if"]) <= {"min", "max"}:
-            raise ClaimsError(f"{path}: claim {cid!r}: agree_if takes only min and max")
-        if c.get("reached_by", "majority") not in REACH_RULES:
-            raise ClaimsError(f"{path}: claim {cid!r}: reached_by is {c['reached_by']!r}; allowed: {', '.join(REACH_RULES)}")
-        if c.get("runs", "profile") not in ("profile", "recorded"):
-            raise ClaimsError(f"{path}: claim {cid!r}: runs is profile (default) or recorded, not {c['runs']!r}")
-        if cid in seen:
-            raise ClaimsError(f"{path}: claim id {cid!r} appears twice")
-        seen.add(cid)
-    return claims
 
 
 class Results:
@@ -96,12 +83,7 @@ class Results:
         return self.table("summary/runs.csv")
 
 
-def within(value: float, agree_if: dict) -> bool:
-    return ("min" not in agree_if or value >= agree_if["min"]) and (
-        "max" not in agree_if or value <= agree_if["max"])
-
-
-def judge(mean: float, half: float, agree_if: dict) -> str:
+def judge(mean: float, half: float, agree_if: AgreeIf) -> str:
     """agrees when all of [mean - half, mean + half] meets agree_if, disagrees when none of
     it does, inconclusive when it straddles a bound. No interval (NaN: one seed) judges
     the mean alone; no mean (NaN) is not testable. Bounds are inclusive."""
@@ -109,19 +91,19 @@ def judge(mean: float, half: float, agree_if: dict) -> str:
         return "not testable"
     half = 0.0 if math.isnan(half) else abs(half)
     low, high = mean - half, mean + half
-    if within(low, agree_if) and within(high, agree_if):
+    if agree_if.holds(low) and agree_if.holds(high):
         return "agrees"
-    if high < agree_if.get("min", -math.inf) or low > agree_if.get("max", math.inf):
+    if high < agree_if.floor or low > agree_if.ceiling:
         return "disagrees"
     return "inconclusive"
 
 
-def criterion(agree_if: dict) -> str:
+def criterion(agree_if: AgreeIf) -> str:
     parts = []
-    if "min" in agree_if:
-        parts.append(f"≥ {agree_if['min']:g}")
-    if "max" in agree_if:
-        parts.append(f"≤ {agree_if['max']:g}")
+    if agree_if.min is not None:
+        parts.append(f"≥ {agree_if.min:g}")
+    if agree_if.max is not None:
+        parts.append(f"≤ {agree_if.max:g}")
     return " and ".join(parts)
 
 
@@ -131,16 +113,16 @@ def _fmt(mean: float, half: float, digits: int = 3) -> str:
     return f"{mean:.{digits}g}" if math.isnan(half) else f"{mean:.{digits}g} ± {half:.2g}"
 
 
-def _run_requirements(claim: dict, rows: pd.DataFrame) -> list[str]:
-    req, why = claim["requires"], []
-    if "backbone" in req:
-        why.append(f"needs {req['backbone']}")
-    if "min_params" in req and rows.params.min() < req["min_params"]:
+def _run_requirements(claim: Paired | MetricThreshold, rows: pd.DataFrame) -> list[str]:
+    req, why = claim.requires, []
+    if req.backbone is not None:
+        why.append(f"needs {req.backbone}")
+    if req.min_params is not None and rows.params.min() < req.min_params:
         why.append(f"measured at {rows.params.min() / 1e6:.2f}M parameters, the claim is about "
-                   f"≥ {req['min_params'] / 1e6:.0f}M")
-    if "min_steps" in req and rows.steps_completed.min() < req["min_steps"]:
-        why.append(f"trained {int(rows.steps_completed.min()):,} steps, the claim needs ≥ {req['min_steps']:,}")
-    if req.get("complete_train_data") and not rows.train_complete.astype(bool).all():
+                   f"≥ {req.min_params / 1e6:.0f}M")
+    if req.min_steps is not None and rows.steps_completed.min() < req.min_steps:
+        why.append(f"trained {int(rows.steps_completed.min()):,} steps, the claim needs ≥ {req.min_steps:,}")
+    if req.complete_train_data and not rows.train_complete.astype(bool).all():
         why.append(f"trained on {rows.train_data.iloc[0]}, not the full training split")
     return why
 
@@ -152,33 +134,33 @@ def _run_scale(rows: pd.DataFrame) -> str:
             f"{int(r.steps_planned):,} steps, {seeds} seed{'s' if seeds != 1 else ''}; train: {r.train_data}")
 
 
-def _metric_rows(res: Results, claim: dict, arch: str) -> pd.DataFrame:
+def _metric_rows(res: Results, claim: OnTask, arch: str) -> pd.DataFrame:
     runs = res.runs
-    return runs[(runs.task == claim["task"]) & (runs.arch == arch) & (runs.status == "ok")]
+    return runs[(runs.task == claim.task) & (runs.arch == arch) & (runs.status == "ok")]
 
 
-def _paired(res: Results, claim: dict, op) -> tuple[list[float], pd.DataFrame]:
-    col = "eval_value" if claim.get("split", "test") == "eval" else "test_value"
-    a = _metric_rows(res, claim, claim["arch"]).set_index("seed")
-    b = _metric_rows(res, claim, claim["baseline"]).set_index("seed")
+def _paired(res: Results, claim: Paired, op) -> tuple[list[float], pd.DataFrame]:
+    col = f"{claim.split}_value"
+    a = _metric_rows(res, claim, claim.arch).set_index("seed")
+    b = _metric_rows(res, claim, claim.baseline).set_index("seed")
     seeds = sorted(set(a.index) & set(b.index))
     values = [op(a.loc[s, col], b.loc[s, col]) for s in seeds]
     return values, pd.concat([a.loc[seeds], b.loc[seeds]]).reset_index()
 
 
-def _not_run(res: Results, claim: dict, archs: list[str]) -> str | None:
+def _not_run(res: Results, claim: OnTask, archs: list[str]) -> str | None:
     if res.runs is None:
         return "no training results in this profile"
-    ran = set(res.runs[res.runs.task == claim["task"]].arch)
+    ran = set(res.runs[res.runs.task == claim.task].arch)
     missing = [a for a in archs if a not in ran]
-    return f"{', '.join(missing)} not trained on {claim['task']} in this profile" if missing else None
+    return f"{', '.join(missing)} not trained on {claim.task} in this profile" if missing else None
 
 
-def eval_paired(res: Results, claim: dict) -> ClaimResult:
-    archs = [claim["arch"], claim["baseline"]]
+def eval_paired(res: Results, claim: Paired) -> ClaimResult:
+    archs = [claim.arch, claim.baseline]
     if (missing := _not_run(res, claim, archs)):
         return _result(claim, float("nan"), float("nan"), "--", "not testable", missing)
-    if claim["kind"] == "relative_gap":
+    if claim.kind == "relative_gap":
         values, rows = _paired(res, claim, lambda x, y: 100.0 * (x / y - 1.0))
     else:
         values, rows = _paired(res, claim, lambda x, y: x - y)
@@ -190,25 +172,25 @@ def eval_paired(res: Results, claim: dict) -> ClaimResult:
                                values=[float(v) for v in values])
 
 
-def eval_threshold(res: Results, claim: dict) -> ClaimResult:
-    if "per" in claim:
+def eval_threshold(res: Results, claim: MetricThreshold) -> ClaimResult:
+    if claim.per is not None:
         return eval_threshold_per(res, claim)
-    if (missing := _not_run(res, claim, [claim["arch"]])):
+    if (missing := _not_run(res, claim, [claim.arch])):
         return _result(claim, float("nan"), float("nan"), "--", "not testable", missing)
-    rows = _metric_rows(res, claim, claim["arch"])
+    rows = _metric_rows(res, claim, claim.arch)
     if rows.empty:
-        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"no run of {claim['arch']} finished")
-    col = "eval_value" if claim.get("split", "test") == "eval" else "test_value"
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"no run of {claim.arch} finished")
+    col = f"{claim.split}_value"
     mean, half, _ = mean_ci(rows[col])
     return dataclasses.replace(_decide(claim, mean, half, _run_scale(rows), _run_requirements(claim, rows)),
                                values=[float(v) for v in rows[col]])
 
 
-def _group_rows(res: Results, claim: dict) -> pd.DataFrame:
+def _group_rows(res: Results, claim: OnTask) -> pd.DataFrame:
     runs = res.runs
     if runs is None or "group" not in runs:
         return pd.DataFrame()
-    return runs[runs.group == claim["task"]]
+    return runs[runs.group == claim.task]
 
 
 def _sweep_scale(rows: pd.DataFrame, per: str, values) -> str:
@@ -218,21 +200,21 @@ def _sweep_scale(rows: pd.DataFrame, per: str, values) -> str:
             f"{rows.seed.nunique()} seed(s); train: {r.train_data}")
 
 
-def eval_threshold_per(res: Results, claim: dict) -> ClaimResult:
+def eval_threshold_per(res: Results, claim: MetricThreshold) -> ClaimResult:
     """A threshold that must hold at every value of a swept axis (``per``, e.g. every
     width), each at its best point over the other axes (selected on the eval split): on the
     mean over seeds, or with ``each_seed: true`` on every seed (the worst seed decides)."""
     rows = _group_rows(res, claim)
-    best = best_of_sweep(rows, claim["task"], claim["per"]) if len(rows) else pd.DataFrame()
-    mine = best[best.arch == claim["arch"]] if len(best) else best
+    best = best_of_sweep(rows, claim.task, claim.per) if len(rows) else pd.DataFrame()
+    mine = best[best.arch == claim.arch] if len(best) else best
     if mine.empty:
         return _result(claim, float("nan"), float("nan"), "--", "not testable",
-                       f"{claim['arch']} not trained on {claim['task']} in this profile")
-    split = "eval" if claim.get("split", "test") == "eval" else "test"
-    axis = claim["per"].split(".")[-1]
-    lower = "min" in claim["agree_if"]
-    if claim.get("each_seed"):
-        seeds = {p.per_value: point_seeds(rows, p.task, claim["arch"]) for p in mine.itertuples()}
+                       f"{claim.arch} not trained on {claim.task} in this profile")
+    split = claim.split
+    axis = claim.per.split(".")[-1]
+    lower = claim.agree_if.min is not None
+    if claim.each_seed:
+        seeds = {p.per_value: point_seeds(rows, p.task, claim.arch) for p in mine.itertuples()}
         per_width = {w: (min if lower else max)(r[f"{split}_value"]) for w, r in seeds.items()}
         at = "; ".join(f"{axis} {w:g}: " + "/".join(f"{v:.3f}" for v in r[f"{split}_value"]) for w, r in seeds.items())
         values = [float(v) for r in seeds.values() for v in r[f"{split}_value"]]
@@ -243,12 +225,12 @@ def eval_threshold_per(res: Results, claim: dict) -> ClaimResult:
         values = [float(v) for v in per_width.values()]
     # "at every width": the width (and seed) closest to failing the criterion decides.
     worst = (min if lower else max)(per_width.values())
-    measured = _sweep_scale(rows, claim["per"], mine.per_value) + f"; {at}"
-    unmet = _run_requirements(claim, rows[rows.arch == claim["arch"]]) + _still_learning(claim, rows, mine)
+    measured = _sweep_scale(rows, claim.per, mine.per_value) + f"; {at}"
+    unmet = _run_requirements(claim, rows[rows.arch == claim.arch]) + _still_learning(claim, rows, mine)
     return dataclasses.replace(_decide(claim, float(worst), float("nan"), measured, unmet), values=values)
 
 
-def _still_learning(claim: dict, rows: pd.DataFrame, best: pd.DataFrame) -> list[str]:
+def _still_learning(claim: MetricThreshold, rows: pd.DataFrame, best: pd.DataFrame) -> list[str]:
     """The swept values at which a seed of the selected run of ``arch`` had not reached the
     regime the claim is about when its budget ran out:
     ``requires.max_final_gain``: its periodic evaluation metric was still rising by more than
@@ -256,13 +238,13 @@ def _still_learning(claim: dict, rows: pd.DataFrame, best: pd.DataFrame) -> list
     ``requires.min_over_chance``: its test metric was below this multiple of the task's
     chance level, i.e. it had not left the initial plateau (MQAR: a model that outputs some
     value of the context, not the queried one), where a flat curve says nothing."""
-    gain_limit, plateau = claim["requires"].get("max_final_gain"), claim["requires"].get("min_over_chance")
-    axis, out = claim["per"].split(".")[-1], []
+    gain_limit, plateau = claim.requires.max_final_gain, claim.requires.min_over_chance
+    axis, out = claim.per.split(".")[-1], []
     for point in best.itertuples():
-        seeds = point_seeds(rows, point.task, claim["arch"])
+        seeds = point_seeds(rows, point.task, claim.arch)
         several = len(seeds) > 1
         for run in seeds.itertuples():
-            who = f"{claim['arch']} (seed {run.seed})" if several else claim["arch"]
+            who = f"{claim.arch} (seed {run.seed})" if several else claim.arch
             gain = getattr(run, "final_gain", float("nan"))
             chance = getattr(run, "chance", float("nan"))
             if gain_limit is not None and gain > gain_limit:
@@ -299,30 +281,30 @@ def _did_not_learn(rows: pd.DataFrame, arch: str, fraction: float) -> str | None
             f"informed-chance level ln {round(1 / float(mine.chance.iloc[0]))} = {level:.2f}")
 
 
-def _width_verdict(rows: pd.DataFrame, claim: dict) -> ClaimResult:
+def _width_verdict(rows: pd.DataFrame, claim: WidthToReach) -> ClaimResult:
     """eval_width_to_reach on ``rows`` (all seeds, or all but one)."""
-    archs = [claim["arch"], *claim["baselines"]]
-    best = best_of_sweep(rows, claim["task"], claim["per"]) if len(rows) else pd.DataFrame()
+    archs = [claim.arch, *claim.baselines]
+    best = best_of_sweep(rows, claim.task, claim.per) if len(rows) else pd.DataFrame()
     if best.empty or set(archs) - set(best.arch):
         return _result(claim, float("nan"), float("nan"), "--", "not testable",
-                       f"{', '.join(sorted(set(archs) - set(best.arch) if len(best) else archs))} not swept on {claim['task']}")
-    rule, threshold, axis = claim.get("reached_by", "majority"), claim["threshold"], claim["per"].split(".")[-1]
+                       f"{', '.join(sorted(set(archs) - set(best.arch) if len(best) else archs))} not swept on {claim.task}")
+    rule, threshold, axis = claim.reached_by, claim.threshold, claim.per.split(".")[-1]
     needed, counts = {}, {}
     for a in archs:
         points = [(p.per_value, point_seeds(rows, p.task, a).test_value) for p in best[best.arch == a].itertuples()]
         counts[a] = ", ".join(f"{axis} {w:g}: {int((v >= threshold).sum())} of {len(v)}" for w, v in points)
         needed[a] = min((w for w, v in points if _reached(v, rule) >= threshold), default=math.inf)
     told = "; ".join(f"{a} {'never' if math.isinf(w) else f'at {axis} {w:g}'} ({counts[a]})" for a, w in needed.items())
-    measured = (_sweep_scale(rows, claim["per"], sorted(best.per_value.unique()))
+    measured = (_sweep_scale(rows, claim.per, sorted(best.per_value.unique()))
                 + f"; a width counts where {REACH_RULES[rule]} test {best.metric.iloc[0]} ≥ {threshold:g}: {told}")
-    learned_below = claim.get("learned_below")
+    learned_below = claim.learned_below
     idle = {a: why for a in archs if learned_below is not None and (why := _did_not_learn(rows, a, learned_below))}
     if idle:
         measured += "; " + "; ".join(idle.values())
-    if claim["arch"] in idle:
+    if claim.arch in idle:
         return _result(claim, float("nan"), float("nan"), measured, "not testable",
-                       f"{claim['arch']} did not learn the task in this budget: its width says nothing")
-    baselines = [b for b in claim["baselines"] if b not in idle]
+                       f"{claim.arch} did not learn the task in this budget: its width says nothing")
+    baselines = [b for b in claim.baselines if b not in idle]
     if not baselines:
         return _result(claim, float("nan"), float("nan"), measured, "not testable",
                        f"no baseline learned the task in this budget ({', '.join(idle)} did not)")
@@ -331,26 +313,26 @@ def _width_verdict(rows: pd.DataFrame, claim: dict) -> ClaimResult:
     # its need is a lower bound, so the ratio is a lower bound (arch) or an upper bound (a
     # baseline), and decides the claim only where every value beyond that bound would.
     beyond = 2 * float(best.per_value.max())
-    never = [a for a in [claim["arch"], *baselines] if math.isinf(needed[a])]
+    never = [a for a in [claim.arch, *baselines] if math.isinf(needed[a])]
     base = max(needed[b] for b in baselines)
-    if math.isinf(base) and claim["arch"] in never:
+    if math.isinf(base) and claim.arch in never:
         return _result(claim, float("nan"), float("nan"), measured, "not testable",
-                       f"neither {claim['arch']} nor {', '.join(b for b in never if b != claim['arch'])} reaches "
+                       f"neither {claim.arch} nor {', '.join(b for b in never if b != claim.arch)} reaches "
                        f"{threshold:g} at the widths swept: each need is only a lower bound{aside}")
     if math.isinf(base):
-        value = math.log2(needed[claim["arch"]] / beyond)
-        if value >= claim["agree_if"].get("min", -math.inf):
+        value = math.log2(needed[claim.arch] / beyond)
+        if value >= claim.agree_if.floor:
             return _result(claim, float("nan"), float("nan"), measured, "not testable",
                            f"{', '.join(never)} never reaches {threshold:g} at the widths swept: the ratio is "
-                           f"at most {value:.3g}, a bound that does not decide {criterion(claim['agree_if'])}{aside}")
+                           f"at most {value:.3g}, a bound that does not decide {criterion(claim.agree_if)}{aside}")
         result = _decide(claim, value, float("nan"), measured, [])
         return dataclasses.replace(result, ours=f"≤ {value:.3g}",
                                    why=result.why + f" ({', '.join(never)} never reached it: an upper bound){aside}")
-    mine = needed[claim["arch"]] if claim["arch"] not in never else beyond
+    mine = needed[claim.arch] if claim.arch not in never else beyond
     value = math.log2(mine / base)
     result = _decide(claim, value, float("nan"), measured, [])
-    if claim["arch"] in never:
-        result = dataclasses.replace(result, ours=f"≥ {value:.3g}", why=result.why + f" ({claim['arch']} never reached it: a lower bound)")
+    if claim.arch in never:
+        result = dataclasses.replace(result, ours=f"≥ {value:.3g}", why=result.why + f" ({claim.arch} never reached it: a lower bound)")
     return dataclasses.replace(result, why=result.why + aside)
 
 
@@ -362,7 +344,7 @@ def _without_seed(rows: pd.DataFrame, seed: int) -> pd.DataFrame:
     return rows[(rows.seed != seed) | rows.arch.isin(alone)]
 
 
-def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
+def eval_width_to_reach(res: Results, claim: WidthToReach) -> ClaimResult:
     """How much more of a swept axis (width) ``arch`` needs than the ``baselines`` to reach
     ``threshold``: log2(needed[arch] / max(needed[baseline])), where a mixer needs the
     smallest width at which ``reached_by`` of its seeds reach it (``majority``: more than
@@ -387,25 +369,25 @@ def eval_width_to_reach(res: Results, claim: dict) -> ClaimResult:
                                why=f"{result.why}; one seed decides it: " + "; ".join(flips))
 
 
-def eval_recall_beyond_reach(res: Results, claim: dict) -> ClaimResult:
+def eval_recall_beyond_reach(res: Results, claim: RecallBeyondReach) -> ClaimResult:
     """Accuracy minus chance on the queries whose key lies beyond the model's reach (the
     positions its output can read), of ``arch``'s best point: mean and 95% t-interval over
     its seeds (one seed: the binomial interval over its queries). Requires recall within
     reach, on all its seeds' queries together (else the test says nothing)."""
     rows = _group_rows(res, claim)
-    task = best_point(rows, claim["task"], claim["arch"]) if len(rows) else None
+    task = best_point(rows, claim.task, claim.arch) if len(rows) else None
     table = res.table("summary/breakdown.csv")
     if task is None or table is None:
-        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim['arch']} not trained on {claim['task']}")
-    runs = point_seeds(rows, task, claim["arch"])
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim.arch} not trained on {claim.task}")
+    runs = point_seeds(rows, task, claim.arch)
     if runs.empty:
-        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"no run of {claim['arch']} on {task} finished")
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"no run of {claim.arch} on {task} finished")
     reach, chance = runs.reach.iloc[0], float(runs.chance.iloc[0])
     if pd.isna(reach):
-        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim['arch']} has no finite reach")
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim.arch} has no finite reach")
     split = runs.test_split.iloc[0]
-    acc_in, n_in, acc_out, n_out = reach_split(table, task, claim["arch"], split, reach)  # every seed's queries
-    splits = [reach_split(table, task, claim["arch"], split, reach, seed=s) for s in runs.seed]
+    acc_in, n_in, acc_out, n_out = reach_split(table, task, claim.arch, split, reach)  # every seed's queries
+    splits = [reach_split(table, task, claim.arch, split, reach, seed=s) for s in runs.seed]
     if len(splits) > 1:
         mean, half, _ = mean_ci([p[2] - chance for p in splits])
         spread = f"seeds {', '.join(f'{p[2]:.3f}' for p in splits)} beyond reach; 95% interval over {len(splits)} seeds"
@@ -415,11 +397,11 @@ def eval_recall_beyond_reach(res: Results, claim: dict) -> ClaimResult:
     measured = (f"{task} (best point), reach {int(reach)} tokens, chance {chance:.3f}: "
                 f"accuracy {acc_in:.3f} on {n_in:,} queries within reach, {acc_out:.3f} on {n_out:,} beyond; {spread}")
     unmet = []
-    floor = claim["requires"].get("min_accuracy_within_reach")
+    floor = claim.requires.min_accuracy_within_reach
     if not n_out:
         unmet.append(f"no test query lies beyond the reach of {int(reach)} tokens")
     if floor is not None and not acc_in >= floor:
-        unmet.append(f"{claim['arch']} does not recall within its reach (accuracy {acc_in:.3f} < {floor}), "
+        unmet.append(f"{claim.arch} does not recall within its reach (accuracy {acc_in:.3f} < {floor}), "
                      "so its accuracy beyond it says nothing about the reach")
     return dataclasses.replace(_decide(claim, mean, half, measured, unmet), values=[p[2] - chance for p in splits])
 
@@ -474,14 +456,14 @@ def _cost_context(fits: pd.DataFrame, growth: pd.DataFrame | None, archs: list[s
     return on
 
 
-def eval_complexity(res: Results, claim: dict) -> ClaimResult:
+def eval_complexity(res: Results, claim: ComplexityExponent) -> ClaimResult:
     fits = res.table("analysis/complexity_fit.csv")
-    archs = claim["arch"] if isinstance(claim["arch"], list) else [claim["arch"]]
+    archs = claim.arch if isinstance(claim.arch, list) else [claim.arch]
     if fits is None:
         return _result(claim, float("nan"), float("nan"), "--", "not testable", "no complexity measurement")
     parts, judged, short, values = [], {}, [], []
     for arch in archs:
-        for measure in claim["measures"]:
+        for measure in claim.measures:
             f = fits[(fits.arch == arch) & (fits.measure == measure)]
             if f.empty or f.slope.isna().all():
                 short.append(f"{arch} {COST_LABELS.get(measure, measure)} not measured")
@@ -491,20 +473,20 @@ def eval_complexity(res: Results, claim: dict) -> ClaimResult:
             label = COST_LABELS.get(measure, measure)
             parts.append(f"{arch} {label} {f.slope:.2f}")
             values.append(float(f.slope))
-            if f.max_len < claim["requires"].get("min_length", 0):
+            if f.max_len < claim.requires.min_length:
                 short.append(f"{arch} measured only up to L = {int(f.max_len)}")
             judged[f"{arch} {label} {f.slope:.2f} [{low:.2f}, {high:.2f}]"] = judge(
-                (low + high) / 2, (high - low) / 2, claim["agree_if"])
-    on = _cost_context(fits, res.table("analysis/complexity_growth.csv"), archs, claim["measures"])
+                (low + high) / 2, (high - low) / 2, claim.agree_if)
+    on = _cost_context(fits, res.table("analysis/complexity_growth.csv"), archs, claim.measures)
     value = max(values) if values else float("nan")
-    base = dict(id=claim["id"], claim=claim["claim"], source=claim["source"], reported=claim["reported"],
+    base = dict(id=claim.id, claim=claim.claim, source=claim.source, reported=claim.reported,
                 ours="; ".join(parts) or "--", value=value, measured_on=on, values=values)
     if short or not values:
         return ClaimResult(**base, verdict="not testable", why="; ".join(short) or "not measured")
     # One exponent outside the band disagrees; all inside agree; otherwise they cannot tell.
     outside = [k for k, v in judged.items() if v == "disagrees"]
     straddle = [k for k, v in judged.items() if v == "inconclusive"]
-    band = criterion(claim["agree_if"])
+    band = criterion(claim.agree_if)
     if outside:
         verdict, why = "disagrees", f"outside {band}: " + ", ".join(outside)
     elif straddle:
@@ -514,91 +496,91 @@ def eval_complexity(res: Results, claim: dict) -> ClaimResult:
     return ClaimResult(**base, verdict=verdict, why=why)
 
 
-def eval_su(res: Results, claim: dict) -> ClaimResult:
+def eval_su(res: Results, claim: SuClosedForm) -> ClaimResult:
     from seqmix.analysis.su import closed_form
 
     table = res.table("analysis/sparsity_analytic.csv")
     if table is None:
         return _result(claim, float("nan"), float("nan"), "--", "not testable", "no analytic sparsity table")
-    k = table[table.kernel == claim["kernel"]]
+    k = table[table.kernel == claim.kernel]
     closed = k[k.method == "closed_form"]
-    if claim["statistic"] == "min":
+    if closed.empty:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"no closed-form rows of {claim.kernel}")
+    if claim.statistic == "min":
         value = closed.S.min()
     else:  # at_beta_zero
         value = closed.loc[(closed.beta.abs() == closed.beta.abs().min()), "S"].mean()
-    if closed.empty:
-        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"no closed-form rows of {claim['kernel']}")
     mc = k[k.method == "monte_carlo"]
     mc = mc[mc.n == mc.n.max()] if len(mc) else mc
-    z = [abs(r.S - closed_form(claim["kernel"], r.beta, r.gamma)) / r.S_se for r in mc.itertuples() if r.S_se > 0]
+    z = [abs(r.S - closed_form(claim.kernel, r.beta, r.gamma)) / r.S_se for r in mc.itertuples() if r.S_se > 0]
     grid = f"{closed.beta.nunique()} × {closed.gamma.nunique()} (β, γ) grid"
     on = f"closed form on a {grid}" + (f"; Monte Carlo at n = {int(mc.n.max()):,}" if len(mc) else "")
     ours = f"{value:.4f}" + (f" (Monte Carlo within {max(z):.1f} SE)" if z else "")
     if z and max(z) > 4:
-        return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], ours, value, on,
+        return ClaimResult(claim.id, claim.claim, claim.source, claim.reported, ours, value, on,
                            "disagrees", f"Monte Carlo differs from the closed form by {max(z):.1f} standard errors")
-    verdict = "agrees" if within(value, claim["agree_if"]) else "disagrees"
-    return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], ours, value, on,
-                       verdict, f"{claim['unit']} {criterion(claim['agree_if'])}: {value:.4f}")
+    verdict = "agrees" if claim.agree_if.holds(value) else "disagrees"
+    return ClaimResult(claim.id, claim.claim, claim.source, claim.reported, ours, value, on,
+                       verdict, f"{claim.unit} {criterion(claim.agree_if)}: {value:.4f}")
 
 
-def _sparsity_task_of(res: Results, claim: dict, arch: str) -> str:
+def _sparsity_task_of(res: Results, claim: MeasuredSparsity, arch: str) -> str:
     """The task whose rows stand for ``arch``: the claim's task, or for a swept task the
     arch's best point (the model that learned the task best)."""
     runs = res.runs
-    if runs is not None and claim["task"] in set(runs.group) and claim["task"] not in set(runs.task):
-        return best_point(runs, claim["task"], arch) or claim["task"]
-    return claim["task"]
+    if runs is not None and claim.task in set(runs.group) and claim.task not in set(runs.task):
+        return best_point(runs, claim.task, arch) or claim.task
+    return claim.task
 
 
-def eval_measured_sparsity(res: Results, claim: dict) -> ClaimResult:
+def eval_measured_sparsity(res: Results, claim: MeasuredSparsity) -> ClaimResult:
     sp = res.table("analysis/sparsity.csv")
     if sp is None or sp.empty:
         return _result(claim, float("nan"), float("nan"), "--", "not testable", "no measured sparsity")
     att = sp[sp.kind == "attention"]
-    if "positions" in claim:
-        att = att[att.positions == claim["positions"]]
-    tasks = {a: _sparsity_task_of(res, claim, a) for a in (claim["arch"], claim["baseline"])}
+    if claim.positions is not None:
+        att = att[att.positions == claim.positions]
+    tasks = {a: _sparsity_task_of(res, claim, a) for a in (claim.arch, claim.baseline)}
     per_seed = {a: att[(att.arch == a) & (att.task == t)].groupby("seed").S_mean.mean() for a, t in tasks.items()}
     missing = [a for a, s in per_seed.items() if s.empty]
     if missing:
         return _result(claim, float("nan"), float("nan"), "--", "not testable",
-                       f"no trained attention rows of {', '.join(missing)} on {claim['task']}")
-    seeds = sorted(set(per_seed[claim["arch"]].index) & set(per_seed[claim["baseline"]].index))
-    diffs = [per_seed[claim["arch"]][s] - per_seed[claim["baseline"]][s] for s in seeds]
+                       f"no trained attention rows of {', '.join(missing)} on {claim.task}")
+    seeds = sorted(set(per_seed[claim.arch].index) & set(per_seed[claim.baseline].index))
+    diffs = [per_seed[claim.arch][s] - per_seed[claim.baseline][s] for s in seeds]
     mean, half, _ = mean_ci(diffs)
-    ref, _, _ = mean_ci(per_seed[claim["arch"]])
-    base, _, _ = mean_ci(per_seed[claim["baseline"]])
-    where = f"{claim.get('positions', 'all')} rows" if "positions" in claim else "rows"
+    ref, _, _ = mean_ci(per_seed[claim.arch])
+    base, _, _ = mean_ci(per_seed[claim.baseline])
+    where = f"{claim.positions} rows" if claim.positions is not None else "rows"
     on = (f"{', '.join(sorted(set(tasks.values())))} held-out {where}, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}; "
-          f"S {claim['arch']} {ref:.3f}, {claim['baseline']} {base:.3f}")
+          f"S {claim.arch} {ref:.3f}, {claim.baseline} {base:.3f}")
     why = []
-    limit = claim["requires"].get("max_reference_sparsity")
+    limit = claim.requires.max_reference_sparsity
     if limit is not None and ref > limit:
-        why.append(f"trained {claim['arch']} attention is still near-uniform (S = {ref:.3f} > {limit}): "
+        why.append(f"trained {claim.arch} attention is still near-uniform (S = {ref:.3f} > {limit}): "
                    "the models have not learned to attend at this scale")
     return dataclasses.replace(_decide(claim, mean, half, on, why), values=[float(d) for d in diffs])
 
 
-def _decide(claim: dict, mean: float, half: float, measured_on: str, unmet: list[str]) -> ClaimResult:
+def _decide(claim: AnyClaim, mean: float, half: float, measured_on: str, unmet: list[str]) -> ClaimResult:
     if unmet:
         return _result(claim, mean, half, measured_on, "not testable", "; ".join(unmet))
     if math.isnan(mean):
         return _result(claim, mean, half, measured_on, "not testable", "no finished run")
-    verdict = judge(mean, half, claim["agree_if"])
+    verdict = judge(mean, half, claim.agree_if)
     verb = {"agrees": "meets", "disagrees": "misses", "inconclusive": "straddles"}[verdict]
     ci = "" if math.isnan(half) else " (95% CI)"
-    why = f"{claim['unit']} {_fmt(mean, half)}{ci} {verb} {criterion(claim['agree_if'])}"
+    why = f"{claim.unit} {_fmt(mean, half)}{ci} {verb} {criterion(claim.agree_if)}"
     return _result(claim, mean, half, measured_on, verdict, why)
 
 
-def _result(claim, mean, half, measured_on, verdict, why) -> ClaimResult:
-    return ClaimResult(claim["id"], claim["claim"], claim["source"], claim["reported"], _fmt(mean, half),
+def _result(claim: AnyClaim, mean, half, measured_on, verdict, why) -> ClaimResult:
+    return ClaimResult(claim.id, claim.claim, claim.source, claim.reported, _fmt(mean, half),
                        float(mean), measured_on, verdict, why)
 
 
-# The claim kinds: a claims.yaml ``kind`` names its evaluator here.
-EVALUATORS: dict[str, Any] = {
+# Each claim kind's evaluator (seqmix.report.claims_file: its model).
+EVALUATORS: dict[str, Callable[[Results, AnyClaim], ClaimResult]] = {
     "width_to_reach": eval_width_to_reach,
     "recall_beyond_reach": eval_recall_beyond_reach,
     "relative_gap": eval_paired,
@@ -610,16 +592,16 @@ EVALUATORS: dict[str, Any] = {
 }
 
 
-def task_in_profile(res: Results, claim: dict) -> dict:
+def task_in_profile(res: Results, claim: AnyClaim) -> AnyClaim:
     """The claim with ``task`` resolved: a list of tasks names where each profile tests it
     (the quick profile's MQAR cell, the paper profile's Zoology cells); the first one this
     profile trained (a task or a sweep's group) is the one judged, else the first listed."""
-    tasks = claim.get("task")
-    if not isinstance(tasks, list):
+    if not isinstance(claim, OnTask) or not isinstance(claim.task, list):
         return claim
+    tasks = claim.task
     runs = res.runs
     ran = set(runs.task) | set(runs.get("group", [])) if runs is not None else set()
-    return {**claim, "task": next((t for t in tasks if t in ran), tasks[0])}
+    return claim.model_copy(update={"task": next((t for t in tasks if t in ran), tasks[0])})
 
 
 class RecordedResults(Results):
@@ -630,13 +612,13 @@ class RecordedResults(Results):
         self._cache["summary/runs.csv"] = recording.runs()
 
 
-def eval_recorded(res: Results, claim: dict, recordings: list[Recording]) -> ClaimResult:
+def eval_recorded(res: Results, claim: AnyClaim, recordings: list[Recording]) -> ClaimResult:
     """A claim marked ``runs: recorded`` (its scale needs a GPU this profile may lack): decided
     by its kind's evaluator on the newest recorded study whose runs are the headline study's
     now (seqmix.report.recorded), the row naming the device, date and commit they came from.
     Without one, this profile's own runs decide, as for any claim, and the row says so. Every
     refused recorded run is named with its reason either way: nothing is left out unsaid."""
-    evaluate, pick, refused = EVALUATORS[claim["kind"]], chosen(recordings), refusal_lines(recordings)
+    evaluate, pick, refused = EVALUATORS[claim.kind], chosen(recordings), refusal_lines(recordings)
     if pick is None:
         result = evaluate(res, task_in_profile(res, claim))
         said = "; ".join(refused) if refused else "no study recorded (python -m seqmix record)"
@@ -653,8 +635,8 @@ def evaluate_claims(claims_path: str | Path, results_dir: str | Path,
     (seqmix.report.recorded.read_recordings) decide the claims marked ``runs: recorded``
     (None: not read, this profile's runs decide every claim)."""
     res = Results(results_dir)
-    out = [eval_recorded(res, c, recordings) if recordings is not None and c.get("runs") == "recorded"
-           else EVALUATORS[c["kind"]](res, task_in_profile(res, c)) for c in load_claims(claims_path)]
+    out = [eval_recorded(res, c, recordings) if recordings is not None and c.runs == "recorded"
+           else EVALUATORS[c.kind](res, task_in_profile(res, c)) for c in load_claims(claims_path)]
     return pd.DataFrame([dataclasses.asdict(r) for r in out])
 
 

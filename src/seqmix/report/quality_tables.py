@@ -13,7 +13,7 @@ import pandas as pd
 
 from seqmix.catalogue import label as task_label
 from seqmix.report.latex import escape, fmt, pm, series, table
-from seqmix.report.recorded import Recording, account
+from seqmix.report.recorded import Recording, account, chosen
 from seqmix.report.style import arch_label, metric_label, ordered
 from seqmix.report.summary import unfinished_tasks
 
@@ -32,6 +32,26 @@ def task_summary(summ: pd.DataFrame, task: str) -> pd.DataFrame:
     """One task's summary rows, indexed by arch in catalogue order."""
     s = summ[summ.task == task]
     return s.set_index("arch").loc[ordered(s.arch)]
+
+
+def draw_test_metric(ax, runs: pd.DataFrame, summ: pd.DataFrame, task: str, colours: dict[str, str],
+                     title_size: float | None = None) -> None:
+    """One task's panel of quality_main (and of the README's results): its test metric per
+    architecture, bars the mean over seeds with the 95% interval, dots the seeds."""
+    s = task_summary(summ, task)
+    metric, higher = s.metric.iloc[0], bool(s.higher_is_better.iloc[0])
+    y = range(len(s))
+    ax.barh(list(y), s.test_mean.fillna(0), xerr=s.test_ci.fillna(0), color=[colours[a] for a in s.index], capsize=2)
+    pts = runs[(runs.task == task) & (runs.status == "ok")]
+    for i, arch in enumerate(s.index):
+        v = pts[pts.arch == arch].test_value
+        ax.scatter(v, [i] * len(v), color="black", s=6, zorder=3)
+    ax.set_yticks(list(y), [arch_label(a) for a in s.index])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"test {metric_label(metric)}" + (" (higher is better)" if higher else " (lower is better)"))
+    ax.set_title(task_label(task), fontsize=title_size)
+    # Linear axes: bars start at zero, and a 95% interval from two seeds can reach below it.
+    ax.set_xlim(left=0)
 
 
 def digits_of(metric: str) -> int:
@@ -164,5 +184,6 @@ def curves_title(runs: pd.DataFrame, task: str, whose: str) -> str:
 
 def recorded_macros(recordings: list[Recording], recorded_dir: str | Path) -> dict[str, str]:
     """``qRecorded``: the recorded study the figure draws (device, date, commit) or why none,
-    and every recorded run refused with its reason (the figure's caption)."""
-    return {"recorded": escape(account(recordings, recorded_dir))}
+    and every recorded run refused with its reason (the figure's caption); ``qRecordedDrawn``:
+    1 when there is one to draw, else 0 (the report then says so in a sentence, no figure)."""
+    return {"recorded": escape(account(recordings, recorded_dir)), "recordedDrawn": "1" if chosen(recordings) else "0"}

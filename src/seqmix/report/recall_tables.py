@@ -15,7 +15,7 @@ import pandas as pd
 
 from seqmix.catalogue import label as task_label
 from seqmix.report.latex import escape, table
-from seqmix.report.style import arch_label, ordered
+from seqmix.report.style import arch_label, metric_label, ordered
 from seqmix.report.summary import (
     best_of_sweep,
     best_point,
@@ -38,6 +38,32 @@ def width_groups(runs: pd.DataFrame) -> list[str]:
 def best_by_width(runs: pd.DataFrame, groups: list[str]) -> dict[str, pd.DataFrame]:
     """Per group: each mixer's row at its best learning rate for every width."""
     return {g: best_of_sweep(runs, g, WIDTH) for g in groups}
+
+
+def draw_width(ax, runs: pd.DataFrame, best_rows: pd.DataFrame, colours: dict[str, str], title: str) -> None:
+    """One group's panel of recall_width (and of the README's results): each mixer's test
+    accuracy against width, every seed a circle, the line joining what a majority of seeds
+    reach; dotted, chance."""
+    points = seed_points(runs, best_rows)
+    archs = ordered(best_rows.arch)
+    for i, arch in enumerate(archs):
+        a = points[points.arch == arch]
+        # Each seed a small point, nudged sideways so that mixers do not hide each other; the
+        # line joins the values a majority of seeds reach.
+        nudge = 2 ** (0.12 * (i - (len(archs) - 1) / 2) / max(1, len(archs) - 1))
+        ax.scatter(a.per_value * nudge, a.test_value, s=16, facecolors="none", edgecolors=colours[arch], linewidths=0.8)
+        m = a.drop_duplicates("per_value").sort_values("per_value")
+        ax.plot(m.per_value * nudge, m.majority, marker="D", ms=3, lw=1.2, color=colours[arch], label=arch_label(arch))
+    chance = runs[runs.group == best_rows.group.iloc[0]].chance.dropna()
+    if len(chance):
+        ax.axhline(chance.iloc[0], color="grey", ls=":", lw=1, label="chance (some value)")
+    widths = sorted(best_rows.per_value.unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(widths, [f"{v:g}" for v in widths])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("model width d")
+    ax.set_ylabel(f"test {metric_label(best_rows.metric.iloc[0])}")
+    ax.set_title(title, fontsize=9)
 
 
 def binned(rows: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
@@ -163,10 +189,24 @@ def seed_counts(runs: pd.DataFrame, best: dict[str, pd.DataFrame]) -> str:
     return f" Trained with fewer seeds than the others' {most} (this profile's seeds per architecture): {names}."
 
 
+def selection_text(runs: pd.DataFrame, groups: list[str]) -> str:
+    """How each width's run was chosen, as the recall captions say it: the one learning rate
+    of a sweep with no other axis, or the best of the points that share a width, selected on
+    validation (Zoology's best learning rate per width)."""
+    rows = runs[runs.group.isin(groups)]
+    others = sorted({a for axes in sweep_axes(rows) for a in axes} - {WIDTH})
+    if not others:
+        return f"one learning rate, {', '.join(f'{lr:g}' for lr in sorted(rows.lr.unique()))}"
+    widths = [axes.get(WIDTH) for axes in sweep_axes(rows)]
+    n = rows.assign(width=widths).groupby(["group", "arch", "width"]).task.nunique().max()
+    points = "learning rates" if others == ["train.lr"] else f"points of {', '.join(others)}"
+    return f"the best of {n} {points} per width, by validation {rows.metric.iloc[0]}"
+
+
 def recall_macros(best: dict[str, pd.DataFrame], runs: pd.DataFrame) -> dict[str, str]:
     """The ``rc`` macros: the test accuracy a majority of each group, mixer and width's seeds
-    reach, and the number of groups."""
-    macros = {}
+    reach, the number of groups, and how each width's run was chosen (the captions')."""
+    macros = {"selection": escape(selection_text(runs, list(best)))} if best else {}
     for g, b in best.items():
         points = seed_points(runs, b)
         for arch in ordered(b.arch):

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError, create_model
 
 from seqmix import REPO_ROOT, catalogue
-from seqmix.errors import ConfigError  # noqa: F401 (re-exported: seqmix.study.load.ConfigError)
+from seqmix.errors import ConfigError, problem_lines  # ConfigError: re-exported
 from seqmix.io import yaml_data
 from seqmix.mixers import mixer_class, options_model
 from seqmix.study.settings import Study, StudyFile, TaskCommon, TaskSettings
@@ -61,38 +61,6 @@ def _options_model(arch: str) -> type[BaseModel]:
 def mixer_options(arch: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """A mixer's complete options: ``given`` validated, its Options defaults filled in."""
     return _options_model(arch).model_validate(dict(given)).model_dump(mode="json")
-
-
-def _key(loc: tuple) -> str:
-    parts: list[str] = []
-    for p in loc:
-        parts.append(f"[{p}]" if isinstance(p, int) else (f".{p}" if parts else str(p)))
-    return "".join(parts) or "<top level>"
-
-
-def _describe(error: dict, allowed: dict[tuple, list[str]]) -> str:
-    loc, kind = tuple(error["loc"]), error["type"]
-    if kind == "literal_error":
-        return f"config key '{_key(loc)}': {error['input']!r} is not one of the allowed values: {error['ctx']['expected'].replace(chr(39), '')}"
-    if kind == "missing":
-        return f"config key '{_key(loc)}' is required"
-    return f"config key '{_key(loc)}': {error['msg'].removeprefix('Value error, ')}"
-
-
-def _format(errors: list[dict], allowed: dict[tuple, list[str]]) -> list[str]:
-    """One line per problem; unknown keys are grouped under their parent with the keys it allows."""
-    lines, unknown = [], {}
-    for e in errors:
-        loc = tuple(e["loc"])
-        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            unknown.setdefault(loc[:-1], []).append(loc[-1])
-        else:
-            lines.append(_describe(e, allowed))
-    for parent, keys in unknown.items():
-        where = f" under '{_key(parent)}'" if parent else ""
-        ok = ", ".join(sorted(allowed.get(parent, [])))
-        lines.append(f"unknown key(s) {', '.join(repr(k) for k in keys)}{where}; allowed: {ok}")
-    return lines
 
 
 def _allowed_keys(model: type[BaseModel], prefix: tuple = ()) -> dict[tuple, list[str]]:
@@ -158,7 +126,7 @@ def validate_study(raw: Mapping[str, Any], source: str = "config") -> Study:
     mixers = (_validate_mixers(raw.get("mixers") or {}, errors, allowed)
               if shape is not None else {})
     if errors or shape is None:
-        _raise(source, _format(errors, allowed))
+        _raise(source, problem_lines(errors, allowed))
     study = Study.model_validate({**shape.model_dump(exclude={"tasks", "mixers"}), "tasks": tasks, "mixers": mixers})
     problems = _cross_checks(study)
     if problems:
@@ -208,12 +176,11 @@ def _task_mixer_problems(study: Study, name: str, section: TaskCommon) -> list[s
     """A task's ``mixers.<arch>`` options, checked over the study's as the runs merge them."""
     problems = []
     for arch, options in section.mixers.items():
+        where = ("tasks", name, "mixers", arch)
         try:
             _options_model(arch).model_validate({**study.mixers.get(arch, {}), **options})
         except ValidationError as e:
-            allowed = ", ".join(_options_model(arch).model_fields)
-            problems += [f"config key 'tasks.{name}.mixers.{arch}.{'.'.join(map(str, err['loc']))}': {err['msg']}"
-                         + (f"; allowed: {allowed}" if err["type"] == "extra_forbidden" else "") for err in e.errors()]
+            problems += problem_lines(_errors_of(e, where), {where: list(_options_model(arch).model_fields)})
     return problems
 
 

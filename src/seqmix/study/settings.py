@@ -73,6 +73,14 @@ def _per_architecture(v, key: str, what: str, choices: tuple[str, ...]):
     return _architecture_keys(v, key)
 
 
+def for_architecture(value, arch: str, fallback):
+    """A per-architecture setting's value for ``arch``: ``value`` itself when it is given for
+    all, else its ``arch`` entry, else its ``default``, else ``fallback``."""
+    if not isinstance(value, dict):
+        return value
+    return value.get(arch, value.get("default", fallback))
+
+
 def _architecture_keys(v, key: str):
     """``v`` where it is not a dict, or one whose every key is ``default`` or a catalogued mixer."""
     unknown = sorted(set(v) - {"default", *catalogue.mixer_names()}) if isinstance(v, dict) else []
@@ -123,11 +131,11 @@ class ModelSettings(Section):
 
     def positions_for(self, arch: str) -> str:
         """The position scheme ``arch`` trains with under this spec."""
-        return self.positions if isinstance(self.positions, str) else self.positions.get(arch, self.positions.get("default", "learned"))
+        return for_architecture(self.positions, arch, "learned")
 
     def block_for(self, arch: str) -> str:
         """The block ``arch`` trains in under this spec: never "native"."""
-        choice = self.block if isinstance(self.block, str) else self.block.get(arch, self.block.get("default", "native"))
+        choice = for_architecture(self.block, arch, "native")
         return catalogue.mixer_entry(arch).block if choice == "native" else choice
 
 
@@ -250,9 +258,7 @@ class TaskCommon(Section):
 
     def seeds_for(self, arch: str, study_seeds: list[int]) -> list[int]:
         """The seeds ``arch`` trains with on this task (``study_seeds``: the study's)."""
-        if self.seeds is None or isinstance(self.seeds, list):
-            return list(self.seeds or study_seeds)
-        return list(self.seeds.get(arch, self.seeds.get("default", study_seeds)))
+        return list(for_architecture(self.seeds, arch, study_seeds) or study_seeds)
 
 
 # ------------------------------------------------------------------------------------------
