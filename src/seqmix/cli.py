@@ -388,7 +388,7 @@ def cmd_fingerprint(args) -> int:
     digests = fingerprint.fingerprint(args.numerics)
     state = provenance.numerics_record()
     print(f"# numerics {args.numerics}: ATen {state['aten_capability']}, oneMKL {state['mkl_branch']}, oneDNN cap "
-          f"{state['onednn_max_isa'] or 'none'}, {state['threads']} thread(s); {state['cpu']} ({state['vector_isa']})",
+          f"{state['onednn_max_isa'] or 'none'}, threads {state['threads']}; {state['cpu']} ({state['vector_isa']})",
           file=sys.stderr)
     print("\n".join(fingerprint.lines(digests)))
     git = provenance.git_commit()

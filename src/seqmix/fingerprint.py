@@ -187,10 +187,12 @@ def hosts_markdown(entries: list[dict], notes: str) -> str:
            "|---|---|---|---|---|---|---|---|---|"]
     for i, e in enumerate(entries, 1):
         out.append(f"| {i} | {e['cpu']} | {e['vendor']} | {e['vector_isa']} | {e['mode']} | "
-                   f"{'yes' if e['pinned'] else 'no'} | {e['date']} | `{e['commit'][:10]}` | `{e['digests'][ALL][:16]}` |")
+                   f"{'yes' if e['pinned'] else 'no'} | {e['date']} | `{e['commit'][:10]}`"
+                   f"{' + edits' if e['commit'].endswith('+ edits') else ''} | `{e['digests'][ALL][:16]}` |")
     out += ["", "Instruction-set flags of each host (those starting avx, fma, sse, amx):", ""]
     out += [f"{i}. {e['flags']}" for i, e in enumerate(entries, 1)]
-    names = list(entries[0]["digests"]) if entries else []
+    names = [*catalogue.mixer_names(), ALL]
+    names += sorted({n for e in entries for n in e["digests"]} - set(names))  # a mixer since removed
     out += ["", "## Fingerprints", "",
             "The first 16 hex digits of the SHA-256 of each mixer's weights after its training steps "
             "(seqmix/fingerprint.py, config/fingerprint.yaml), one column per host above.", "",
@@ -198,7 +200,7 @@ def hosts_markdown(entries: list[dict], notes: str) -> str:
             "|---|" + "---|" * len(entries)]
     for name in names:
         out.append(f"| {name} | " + " | ".join(f"`{e['digests'].get(name, '')[:16]}`" for e in entries) + " |")
-    out += ["", HOSTS_BEGIN, json.dumps(entries, indent=1, sort_keys=True), HOSTS_END, ""]
+    out += ["", HOSTS_BEGIN, json.dumps(entries, indent=1), HOSTS_END, ""]
     return "\n".join(out)
 
 
