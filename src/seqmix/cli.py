@@ -391,12 +391,10 @@ def cmd_fingerprint(args) -> int:
           f"{state['onednn_max_isa'] or 'none'}, threads {state['threads']}; {state['cpu']} ({state['vector_isa']})",
           file=sys.stderr)
     print("\n".join(fingerprint.lines(digests)))
-    git = provenance.git_commit()
+    sources = fingerprint.sources()
     entry = {**fingerprint.host_record(args.numerics), "pinned": state["pinned"],
-             "date": datetime.date.today().isoformat(),
-             "commit": (git["commit"] or "unknown") + (" + edits" if git["dirty"] else ""),
-             "torch": torch_version(), "digests": {k: v[:16] for k, v in digests.items()},
-             "sources": fingerprint.sources()}
+             "date": datetime.date.today().isoformat(), "commit": fingerprint.commit_of(sources),
+             "torch": torch_version(), "digests": {k: v[:16] for k, v in digests.items()}, "sources": sources}
     if args.out:
         write_json(args.out, {**entry, "digests": digests, "numerics": state})
     if args.record:

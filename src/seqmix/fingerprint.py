@@ -147,6 +147,20 @@ def sources() -> dict[str, str]:
     return digests([*sources_of(sorted(modules)), CONFIG])
 
 
+def commit_of(sources: dict[str, str]) -> str:
+    """The checkout's commit, with " + edits" where one of ``sources`` differs from it."""
+    import subprocess
+
+    def git(*args) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+
+    head = git("rev-parse", "HEAD").stdout.strip()
+    if not head:
+        return "unknown"
+    inside = [f for f in sources if not f.startswith("/")]
+    return head + (" + edits" if git("diff", "--quiet", "HEAD", "--", *inside).returncode else "")
+
+
 # ------------------------------------------------------------------------------------------
 # docs/hosts.md: every host a fingerprint was recorded on, generated from the JSON it keeps.
 # ------------------------------------------------------------------------------------------
