@@ -39,7 +39,11 @@ What is known per library (the evidence: docs/numerics-probe.md, tests/test_nume
   Intel host runs; `MKL_ENABLE_INSTRUCTIONS` changes nothing there. Portable therefore uses the
   COMPATIBLE branch, which every vendor runs: with oneMKL made to dispatch as on the other
   vendor's CPUs (tools/mkl_vendor.py), the portable fingerprint stays the same and the native
-  one changes. That branch is what makes portable cost more than native (docs/numerics-cost.md).
+  one changes. `perf report` on an AMD EPYC (Zen 5) named the kernels: `mkl_blas_def_sgemm_kernel_0_zen`
+  natively, `mkl_blas_cnr_def_*` under COMPATIBLE whichever vendor oneMKL believed, and
+  `mkl_blas_avx512_*` / `mkl_dft_avx512_*` natively as on Intel; the FFTs (H3's convolution) ran
+  `mkl_dft_def_*` natively on AMD and under COMPATIBLE as on either vendor. That branch is what
+  makes portable cost more than native (docs/numerics-cost.md).
 - ATen at a fixed capability and oneDNN capped at AVX2 choose their kernels from the CPU's flags,
   not its vendor (oneDNN's AMD-only paths need AVX-512); capping them and oneMKL as on an
   AVX2-only host leaves the portable fingerprint unchanged.
