@@ -14,8 +14,6 @@ min_version("8.0")
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from seqmix.study import dag  # noqa: E402
 
-shell.prefix(dag.shell_prefix())
-
 
 report: "workflow/report/workflow.rst"
 
@@ -27,6 +25,9 @@ try:
     JOBS = dag.load(config, workflow.overwrite_configfiles)
 except dag.StudyError as _e:
     sys.exit(str(_e))
+
+# Every job's shell: strict bash, this seqmix, and the study's numerics pinned (seqmix.numerics).
+shell.prefix(dag.shell_prefix(JOBS.numerics))
 
 
 include: "workflow/rules/common.smk"

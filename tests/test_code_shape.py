@@ -155,6 +155,7 @@ STACK = [
     ("seqmix.study.dag", 15),  # the Snakefile's entry point, as cli is the command line's (torch-free at import)
     ("seqmix.report", 14),
     ("seqmix.analysis", 13),
+    ("seqmix.fingerprint", 12),  # trains every mixer as training does (issue 42)
     ("seqmix.train", 12),
     ("seqmix.plan", 11),
     ("seqmix.preflight", 10),
@@ -171,6 +172,7 @@ STACK = [
     ("seqmix.sources", 0),  # read by the job table (the Snakefile's side) and by training
     ("seqmix.device", 0),  # the torch device a config names, and a device's folder name
     ("seqmix.flop_formulas", 0),  # custom ops' FLOPs, registered by kernels and read by the counter
+    ("seqmix.numerics", 0),  # read by the CLI before torch, by settings, dag and provenance
     ("seqmix.catalogue", 0), ("seqmix.io", 0), ("seqmix.errors", 0), ("seqmix.allocator", 0), ("seqmix.slots", 0),
     ("seqmix", 0),
 ]

@@ -531,7 +531,7 @@ def test_each_analysis_job_holds_only_what_it_reads(tiny_jobs):
     for name in ("complexity", "throughput", "sparsity_analytic", "geometry", "copy_probe"):
         spec = json.loads(tiny_jobs.spec(name))
         assert "tasks" not in spec and "analysis" not in spec, name
-    assert set(json.loads(tiny_jobs.spec("complexity"))) == {"architectures", "mixers", "complexity"}
+    assert set(json.loads(tiny_jobs.spec("complexity"))) == {"numerics", "architectures", "mixers", "complexity"}
     assert json.loads(tiny_jobs.spec("collect"))["run_dirs"] == [
         f"{tiny_jobs.results}/runs/mqar/{a}/seed0" for a in ("softmax", "grassmann")]
     (task, arch, seed), *_ = tiny_jobs.sparsity_runs()

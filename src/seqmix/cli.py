@@ -8,9 +8,11 @@ results in memory between commands. Run
 
 The command line reads the environment here, once (``read_environment`` and the data
 mirror of ``data``), and turns each variable into an explicit setting or argument before the
-command runs. The other two modules that read it are entry points of their own: seqmix.slots
-(the GPUs it spreads jobs over) and seqmix.study.dag (the Snakefile's: its cache key, and the
-environment of the ``jobs`` command it runs); tests/test_dispatch.py keeps it so.
+command runs. It also sets some: the study's numerics (``pin_numerics``, seqmix.numerics),
+before torch is imported, so nothing at this module's top imports torch (a test keeps that
+so). The other two modules that read the environment are entry points of their own:
+seqmix.slots (the GPUs it spreads jobs over) and seqmix.study.dag (the Snakefile's: its cache
+key, and the environment of the ``jobs`` command it runs); tests/test_dispatch.py keeps it so.
 """
 
 from __future__ import annotations
@@ -21,15 +23,64 @@ import os
 import sys
 from pathlib import Path
 
+from seqmix import numerics
 from seqmix.errors import ConfigError, problem_lines
-from seqmix.study.load import DEFAULT_CONFIG, load_study
-from seqmix.study.settings import MIRROR_ENV
+from seqmix.study.settings import DEFAULT_CONFIG, MIRROR_ENV
 
 REFERENCE_ENV = "SEQMIX_REFERENCE_MIXERS"  # 1: plain PyTorch mixers everywhere (dispatch setting "reference")
 SYSTEM_MALLOC_ENV = "SEQMIX_SYSTEM_MALLOC"  # 1: glibc's malloc defaults (seqmix.allocator not applied)
 COMMIT_ENV = "SEQMIX_GIT_COMMIT"  # the commit a copy of the checkout without .git came from (provenance)
 # seqmix.slots.SLOT_ENV, SEQMIX_GPU_SLOT: the GPU slot a training or evaluation job holds (provenance)
 # MIRROR_ENV, SEQMIX_DATA_MIRROR: the raw-data mirror when data.mirror is null, given to data jobs
+
+
+def load_study(config, overrides=None):
+    """seqmix.study.load.load_study, imported when a command needs it (validating imports
+    every mixer, and so torch, which must come after ``pin_numerics``)."""
+    from seqmix.study.load import load_study as load
+
+    return load(config, overrides)
+
+
+def numerics_of(args) -> tuple[str, str | None]:
+    """The numerics a command runs under and where they were read (None: the default): its job
+    spec's (``--spec``), its run's (``eval --run``), else its study config's (``--config``, with
+    ``--overrides``)."""
+    spec, run, config = (getattr(args, k, None) for k in ("spec", "run", "config"))
+    if asked := getattr(args, "asked_numerics", None):
+        return asked, "--numerics"
+    try:
+        if spec:
+            return numerics.mode_in_spec(spec) or numerics.DEFAULT, "--spec"
+        if run and (mode := numerics.mode_in_run(run)):
+            return mode, f"{run}/config.json"
+        if config:
+            from seqmix.study.dag import config_files
+
+            overrides = json.loads(args.overrides) if getattr(args, "overrides", None) else None
+            try:
+                files = [] if str(config).lstrip().startswith("{") else config_files(config)
+            except Exception:  # noqa: BLE001 - not YAML: loading the config names what is wrong
+                files = []
+            if mode := numerics.mode_in_config(str(config), files, overrides):
+                return mode, str(config)
+    except ValueError as e:
+        raise ConfigError(f"{e} (fix the key 'numerics')") from None
+    return numerics.DEFAULT, None
+
+
+def pin_numerics(args) -> None:
+    """Set the variables of the command's numerics (seqmix.numerics) before torch is imported,
+    or refuse a host that cannot run them; ``args.numerics`` records the mode. In a process
+    that imported torch before (a call from within Python: a test, a notebook) it is too late
+    to pin the libraries, and nothing is set: provenance records the code paths that ran
+    (seqmix.train.provenance.numerics_record), and the report flags runs that were not pinned."""
+    mode, where = numerics_of(args)
+    args.numerics = mode
+    if problem := numerics.host_problem(mode):
+        raise ConfigError(problem + (f" (the numerics of {where})" if where else ""))
+    if "torch" not in sys.modules:
+        os.environ.update(numerics.environment(mode))
 
 
 def keep_freed_memory_unless_asked() -> bool:
@@ -48,7 +99,9 @@ def read_environment(args) -> None:
     from seqmix.slots import SLOT_ENV
     from seqmix.train import provenance
 
-    provenance.configure(gpu_slot=os.environ.get(SLOT_ENV), commit=os.environ.get(COMMIT_ENV))
+    provenance.configure(gpu_slot=os.environ.get(SLOT_ENV), commit=os.environ.get(COMMIT_ENV),
+                         numerics=getattr(args, "numerics", None),
+                         environment={k: os.environ[k] for k in numerics.VARIABLES if k in os.environ})
 
 
 def parse_spec(model, text: str):
@@ -323,6 +376,37 @@ def cmd_mixers(args) -> int:
     return 0
 
 
+def cmd_fingerprint(args) -> int:
+    import datetime
+
+    from seqmix import fingerprint
+    from seqmix.io import write_json
+    from seqmix.train import provenance
+
+    digests = fingerprint.fingerprint(args.numerics)
+    state = provenance.numerics_record()
+    print(f"# numerics {args.numerics}: ATen {state['aten_capability']}, oneMKL {state['mkl_branch']}, oneDNN cap "
+          f"{state['onednn_max_isa'] or 'none'}, threads {state['threads']}; {state['cpu']} ({state['vector_isa']})",
+          file=sys.stderr)
+    print("\n".join(fingerprint.lines(digests)))
+    sources = fingerprint.sources()
+    entry = {**fingerprint.host_record(args.numerics), "pinned": state["pinned"],
+             "date": datetime.date.today().isoformat(), "commit": fingerprint.commit_of(sources),
+             "torch": torch_version(), "digests": {k: v[:16] for k, v in digests.items()}, "sources": sources}
+    if args.out:
+        write_json(args.out, {**entry, "digests": digests, "numerics": state})
+    if args.record:
+        fingerprint.record(args.record, entry, fingerprint.HOSTS_NOTES)
+        print(f"recorded in {args.record}", file=sys.stderr)
+    return 0
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def cmd_schema(args) -> int:
     from seqmix.io import write_text
     from seqmix.study.load import config_schema
@@ -479,6 +563,14 @@ def _add_summaries(sub) -> None:
     sp.add_argument("--commit", default=None, help="the commit the runs were made at, where their provenance has none "
                     "(a checkout copied without .git); never overrides theirs")
 
+    sp = _add(sub, "fingerprint", cmd_fingerprint,
+              "a few training steps of every catalogued mixer on one thread under the study's numerics: the hash "
+              "of each one's weights and of all (README, Numerics)")
+    sp.add_argument("--numerics", dest="asked_numerics", choices=numerics.MODES, default=None,
+                    help="these numerics instead of the study's (--config)")
+    sp.add_argument("--out", help="also write the digests, the host and the numerics in effect here (JSON)")
+    sp.add_argument("--record", help="add this host's entry to a hosts file (docs/hosts.md), replacing its own")
+
     sp = _add(sub, "schema", cmd_schema, "the JSON schema of a config file (every task kind and mixer)", config=False)
     sp.add_argument("--out", help="write it here (workflow/schemas/config.schema.json) instead of stdout")
 
@@ -492,6 +584,11 @@ def main(argv: list[str] | None = None) -> int:
 def run_command(args) -> int:
     """Run a parsed command (this parser's, or ``python -m tools.bench``'s) after
     ``read_environment``; a known failure is one line and its exit status."""
+    try:
+        pin_numerics(args)  # before anything imports torch
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from seqmix.data.manifest import DataError
     from seqmix.io import FileError, write_failure
 

@@ -12,7 +12,7 @@ import json
 
 import torch
 
-from seqmix import measure
+from seqmix import measure, numerics
 from seqmix.measure import GIB
 from seqmix.models.budget import BudgetError, Size, solve_budget
 from seqmix.study.jobs import TrainJob
@@ -214,11 +214,19 @@ def complexity_problems(study: Study, available_bytes: float) -> list[str]:
     return problems
 
 
+def numerics_problems(study: Study) -> list[str]:
+    """A host that cannot run the study's numerics (portable: below AVX2 and FMA, or not x86-64)."""
+    problem = numerics.host_problem(study.numerics)
+    return [f"config key 'numerics': {problem}"] if problem else []
+
+
 def setup_problems(study: Study, local: bool = True) -> list[str]:
-    """Budgets that cannot be met within their tolerance and (``local``) bf16 without a GPU and
-    complexity lengths whose forward and backward exceed this machine's memory."""
+    """Budgets that cannot be met within their tolerance and (``local``) a CPU below the study's
+    numerics, bf16 without a GPU and complexity lengths whose forward and backward exceed this
+    machine's memory."""
     problems = budget_problems(study)
     if local:
+        problems += numerics_problems(study)
         problems += precision_problems(study, torch.cuda.is_available())
         problems += complexity_problems(study, measure.available_memory(study.analysis.complexity.device))
     return problems

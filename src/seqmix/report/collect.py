@@ -61,6 +61,8 @@ class RunRow(TypedDict):
     test_data: str
     tokenizer: str
     device: str
+    numerics: str  # as the run ran (numerics_of): portable, native, "portable, not pinned"; '' unrecorded
+    cpu: str  # the CPU that ran it and its widest vector instruction set ('' unrecorded)
     wall_time_s: float
     commit: str  # the commit it was trained at ('' unknown)
     dirty: bool | None  # with uncommitted changes in that checkout
@@ -89,6 +91,7 @@ def run_row(run_dir: Path) -> RunRow:
     m = read_json(run_dir / "metrics.json")
     e = read_json(run_dir / "eval.json")
     cfg = read_json(run_dir / "config.json")
+    prov = read_json(run_dir / "provenance.json")
     splits, metric = m["data"]["splits"], m["metric"]
     ev, te = e["splits"].get(m["eval_split"], {}), e["splits"].get(m["test_split"], {})
     tok = m["data"].get("tokenizer") or {}
@@ -108,9 +111,20 @@ def run_row(run_dir: Path) -> RunRow:
         "train_data": splits[m["train_split"]]["description"],
         "train_complete": splits[m["train_split"]]["complete"],
         "eval_data": splits[m["eval_split"]]["description"], "test_data": splits[m["test_split"]]["description"],
-        "tokenizer": tok.get("description", ""), "device": m["device"],
-        "wall_time_s": m["wall_time_s"], **code_of(read_json(run_dir / "provenance.json")), "run_dir": str(run_dir),
+        "tokenizer": tok.get("description", ""), "device": m["device"], **numerics_of(prov),
+        "wall_time_s": m["wall_time_s"], **code_of(prov), "run_dir": str(run_dir),
     }
+
+
+def numerics_of(provenance: dict) -> dict:
+    """The numerics a run ran under and the CPU it ran on (seqmix.train.provenance.numerics_record):
+    ``portable`` where every library was pinned, ``native`` where the host chose, ``portable, not
+    pinned`` where portable was asked but the process could not pin (a call from within Python)."""
+    rec = provenance.get("numerics") or {}
+    if not rec:
+        return {"numerics": "", "cpu": ""}
+    mode = "portable" if rec.get("pinned") else "portable, not pinned" if rec.get("mode") == "portable" else "native"
+    return {"numerics": mode, "cpu": f"{rec.get('cpu', '')} ({rec.get('vector_isa', '')})"}
 
 
 def code_of(provenance: dict) -> dict:

@@ -143,6 +143,41 @@ def code_text(runs: pd.DataFrame) -> str:
     return text
 
 
+def numerics_text(runs: pd.DataFrame) -> str:
+    """Which numerics the runs ran under (README, Numerics) and on which CPUs, flagging a study
+    whose runs mix numerics or hosts: ``qNumerics``."""
+    def runs_of(n: int) -> str:
+        return f"{n} run{'s' if n != 1 else ''}"
+
+    def counted(column: str) -> list[tuple[str, int]]:
+        values = runs[column].fillna("").astype(str) if column in runs else pd.Series([""] * len(runs))
+        return sorted(values.value_counts().items(), key=lambda kv: (-kv[1], kv[0]))
+
+    modes, cpus = counted("numerics"), [(c, n) for c, n in counted("cpu") if c]
+    known = [(m, n) for m, n in modes if m]
+    if not known:
+        return "No run recorded the numerics it ran under (runs made before seqmix recorded them)."
+    where = (f"on one host, {escape(cpus[0][0])}" if len(cpus) == 1
+             else f"on {len(cpus)} hosts ({series([f'{runs_of(n)} on {escape(c)}' for c, n in cpus])})")
+    if len(modes) == 1:
+        mode = known[0][0]
+        text = f"Numerics: every run {escape(mode)} {where}."
+    else:
+        parts = series([f"{runs_of(n)} {escape(m or 'unrecorded')}" for m, n in modes])
+        text = (f"\\textbf{{Runs of mixed numerics}}: {parts}, {where}; their last bits come from different code "
+                "paths, and a run on a plateau can end otherwise.")
+    if known == [("portable", len(runs))]:
+        text += (" ATen, oneDNN and oneMKL were pinned to one code path on one thread, so any x86-64 host with "
+                 "AVX2 and FMA gives the same bits (docs/hosts.md).")
+    elif len(cpus) > 1:
+        text += (" \\textbf{Runs from several hosts} not all pinned: hosts of different instruction sets or vendors "
+                 "give different last bits, and a run on a plateau can end otherwise.")
+    else:
+        text += (" Not every library was pinned: another x86 host can give other last bits, and a run on a plateau "
+                 "another outcome (numerics: portable pins them).")
+    return text
+
+
 def quality_macros(runs: pd.DataFrame, summ: pd.DataFrame, scope: str) -> dict[str, str]:
     """The ``q`` macros: the study in numbers (the abstract's), and each task and mixer's test value."""
     prov = json.loads((Path(runs.run_dir.iloc[0]) / "provenance.json").read_text())
@@ -165,6 +200,7 @@ def quality_macros(runs: pd.DataFrame, summ: pd.DataFrame, scope: str) -> dict[s
                    if len(commits := sorted(set(runs.commit.fillna("").astype(str)))) == 1 and commits[0]
                    else "at the commits listed in Appendix~\\ref{app:provenance}"),
         "code": code_text(runs),
+        "numerics": numerics_text(runs),
         "tokenizer": escape(tokenizers.iloc[0]) if len(tokenizers) else "synthetic only",
         "trainHours": f"{runs.wall_time_s.sum() / 3600:.2f}",
     }

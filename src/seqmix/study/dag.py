@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqmix import REPO_ROOT, catalogue
+from seqmix import REPO_ROOT, catalogue, numerics
 from seqmix.io import sha256_file, yaml_data
 from seqmix.sources import library_dirs
 
@@ -147,11 +147,13 @@ def imported_sources() -> list[Path]:
     return sorted(f for f in files if f.is_relative_to(SRC) or not any(f.is_relative_to(p) for p in libraries))
 
 
-def shell_prefix() -> str:
-    """Snakemake's shell prefix: strict bash, and this seqmix first on PYTHONPATH, so that
-    every job runs the code that resolved its spec."""
+def shell_prefix(numerics_mode: str | None = None) -> str:
+    """Snakemake's shell prefix: strict bash, this seqmix first on PYTHONPATH, so that every
+    job runs the code that resolved its spec, and the variables of the study's numerics
+    (seqmix.numerics), so that every process of a job starts with its libraries pinned."""
     src = shlex.quote(str(SRC)).replace("{", "{{").replace("}", "}}")  # the prefix is formatted
-    return f"set -euo pipefail; export PYTHONPATH={src}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; "
+    pins = numerics.shell_exports(numerics_mode) if numerics_mode else ""
+    return f"set -euo pipefail; export PYTHONPATH={src}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; {pins}"
 
 
 # ------------------------------------------------------------------------------------------
@@ -281,6 +283,11 @@ class Jobs:
                 raise KeyError(f"config key {key!r} is not a setting of the study")
             value = value[part]
         return value
+
+    @property
+    def numerics(self) -> str:
+        """The study's numerics (seqmix.numerics): what every job's shell pins."""
+        return self.table["study"]["numerics"]
 
     def study(self):
         """The typed, validated study (seqmix.study.settings.Study). This imports the config

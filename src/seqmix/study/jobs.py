@@ -5,7 +5,9 @@ reruns only the jobs that read it (Snakemake reruns a job whose params changed).
 
 Downstream code reads attributes (``spec.train.lr``), never ``.get(key, default)``: every
 default was filled when the config was validated (seqmix.study.load). A task's own settings
-travel as the validated mapping and are typed by the task itself (``Task.settings``).
+travel as the validated mapping and are typed by the task itself (``Task.settings``). Every
+job that computes with torch carries the study's ``numerics`` (seqmix.numerics), which the CLI
+applies before torch is imported.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from seqmix.study.settings import (
     DataSettings,
     GeometrySettings,
     ModelSettings,
+    NumericsMode,
     Section,
     SparsitySettings,
     ThroughputSettings,
@@ -68,6 +71,7 @@ class TrainJob(Section):
     train: TrainSettings
     settings: dict[str, Any]
     mixer_options: dict[str, Any]
+    numerics: NumericsMode  # type: ignore[valid-type]  # the study's: the CLI pins it first
 
     @property
     def label(self) -> str:
@@ -86,6 +90,7 @@ class ComplexityJob(Section):
     architectures: list[str]
     mixers: dict[str, dict[str, Any]]  # options of those of ``architectures`` the config sets
     complexity: ComplexitySettings
+    numerics: NumericsMode  # type: ignore[valid-type]  # the study's: the CLI pins it first
 
 
 class ThroughputJob(Section):
@@ -94,6 +99,7 @@ class ThroughputJob(Section):
     architectures: list[str]
     mixers: dict[str, dict[str, Any]]  # options of those architectures and softmax, where set
     throughput: ThroughputSettings
+    numerics: NumericsMode  # type: ignore[valid-type]  # the study's: the CLI pins it first
 
 
 class SparsityJob(Section):
@@ -101,6 +107,7 @@ class SparsityJob(Section):
 
     run_dirs: list[str]
     sparsity: SparsitySettings
+    numerics: NumericsMode  # type: ignore[valid-type]  # the study's: the CLI pins it first
 
 
 class CopyProbeJob(Section):
@@ -114,6 +121,7 @@ class CopyProbeJob(Section):
     mixers: dict[str, dict[str, Any]]
     train: TrainSettings
     copy_probe: CopyProbeSettings
+    numerics: NumericsMode  # type: ignore[valid-type]  # the study's: the CLI pins it first
 
 
 class GeometryJob(Section):
@@ -121,3 +129,4 @@ class GeometryJob(Section):
 
     run_dirs: list[str]
     geometry: GeometrySettings
+    numerics: NumericsMode  # type: ignore[valid-type]  # the study's: the CLI pins it first

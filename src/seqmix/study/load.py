@@ -23,11 +23,10 @@ from seqmix import REPO_ROOT, catalogue
 from seqmix.errors import ConfigError, problem_lines  # ConfigError: re-exported
 from seqmix.io import yaml_data
 from seqmix.mixers import mixer_class, options_model
-from seqmix.study.settings import Study, StudyFile, TaskCommon, TaskSettings
+from seqmix.study.settings import DEFAULT_CONFIG, Study, StudyFile, TaskCommon, TaskSettings
 from seqmix.study.sweep import sweep_points, sweep_problems
 from seqmix.tasks import task_class
 
-DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.json"
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*(/[A-Za-z0-9][A-Za-z0-9_.+-]*)*$")
 

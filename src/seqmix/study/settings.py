@@ -12,11 +12,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
-from seqmix import catalogue
+from seqmix import REPO_ROOT, catalogue, numerics
 
 MIRROR_ENV = "SEQMIX_DATA_MIRROR"
+DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"  # the quick profile: what a command reads without --config
 
 ArchName = Literal[tuple(catalogue.mixer_names())]  # type: ignore[valid-type]
+NumericsMode = Literal[numerics.MODES]  # type: ignore[valid-type]
 
 
 class Section(BaseModel):
@@ -401,6 +403,12 @@ class StudyFile(Section):
     (their models depend on the entry's kind or mixer)."""
 
     profile: str = Field("quick", description="name of this study, written into every result")
+    numerics: NumericsMode = Field(  # type: ignore[valid-type]
+        numerics.DEFAULT,
+        description="portable: every job pins ATen, oneDNN and oneMKL to one code path every x86-64 CPU with "
+                    "AVX2 and FMA has, on one thread, so that any such host gives the same bits; native (the default: "
+                    "portable costs more, docs/numerics-cost.md): each library takes the host's fastest path, and "
+                    "results depend on the CPU (seqmix/numerics.py)")
     results_dir: str = Field("results", description="where runs, analyses and logs are written (no {, }, <, > or leading ~: Snakemake builds its paths from it)",
                              json_schema_extra=WORKFLOW_PATH_PATTERN)
     data: DataSettings = DataSettings()

@@ -141,7 +141,7 @@ def _run_spec(study: Study, v: StudyTask, arch: str, seed: int) -> TrainJob:
         raise KeyError(f"architecture {arch!r} does not train on {task!r}; it trains: "
                        f"{', '.join(task_architectures(study, v))}")
     return TrainJob(
-        profile=study.profile, task=v.name, kind=v.kind, group=v.group, axes=v.axes, arch=arch,
+        numerics=study.numerics, profile=study.profile, task=v.name, kind=v.kind, group=v.group, axes=v.axes, arch=arch,
         seed=int(seed), run_dir=str(run_dir(study, Run(task, arch, seed))),
         data_dir=str(data_dir(study, v.group)), tokenizer_dir=str(tokenizer_dir(study)),
         data=study.data, tokenizer=study.tokenizer, train=v.section.train,
@@ -259,19 +259,19 @@ def collect_job(study: Study) -> CollectJob:
 
 def complexity_job(study: Study) -> ComplexityJob:
     archs = complexity_architectures(study)
-    return ComplexityJob(architectures=archs, mixers=_options_of(study, archs), complexity=study.analysis.complexity)
+    return ComplexityJob(numerics=study.numerics, architectures=archs, mixers=_options_of(study, archs), complexity=study.analysis.complexity)
 
 
 def throughput_job(study: Study) -> ThroughputJob:
     archs = throughput_architectures(study)  # softmax is timed too: the ratios are to it
-    return ThroughputJob(architectures=archs, mixers=_options_of(study, [*archs, catalogue.BASELINE]),
+    return ThroughputJob(numerics=study.numerics, architectures=archs, mixers=_options_of(study, [*archs, catalogue.BASELINE]),
                          throughput=study.analysis.throughput)
 
 
 def sparsity_job(study: Study, among: list[Run] | None = None) -> SparsityJob:
     """The sparsity of the runs ``among`` (default: every run the analysis measures)."""
     chosen = sparsity_runs(study) if among is None else among
-    return SparsityJob(run_dirs=[str(run_dir(study, r)) for r in chosen], sparsity=study.analysis.sparsity)
+    return SparsityJob(numerics=study.numerics, run_dirs=[str(run_dir(study, r)) for r in chosen], sparsity=study.analysis.sparsity)
 
 
 def copy_probe_job(study: Study) -> CopyProbeJob | None:
@@ -284,7 +284,7 @@ def copy_probe_job(study: Study) -> CopyProbeJob | None:
     # steps leaves the probe (and its result) alone.
     train = v.section.train
     return CopyProbeJob(
-        task=v.name, architectures=archs,
+        numerics=study.numerics, task=v.name, architectures=archs,
         model=v.section.model.model_copy(update={"d_model": probe.d_model, "budget": Budget()}),
         mixers={a: task_mixer_options(study, v.section, a) for a in archs},
         train=TrainSettings(steps=probe.steps, batch_size=probe.batch_size, lr=probe.lr, warmup_steps=probe.warmup_steps,
@@ -294,7 +294,7 @@ def copy_probe_job(study: Study) -> CopyProbeJob | None:
 
 
 def geometry_job(study: Study) -> GeometryJob:
-    return GeometryJob(run_dirs=[str(run_dir(study, r)) for r in geometry_runs(study)],
+    return GeometryJob(numerics=study.numerics, run_dirs=[str(run_dir(study, r)) for r in geometry_runs(study)],
                        geometry=study.analysis.geometry)
 
 

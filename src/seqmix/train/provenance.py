@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from seqmix import REPO_ROOT
+from seqmix import REPO_ROOT, numerics
 from seqmix.mixers import dispatch
 from seqmix.sources import Code
 
@@ -20,13 +20,16 @@ PACKAGES = ("torch", "triton", "numpy", "datasets", "tokenizers", "snakemake", "
 
 
 # What only the environment tells, set once per process by the CLI (seqmix.cli.read_environment):
-# the GPU slot the job holds (seqmix.slots: "<gpu>/<slot index>") and, in a copy of the
-# checkout without git's data (a GPU machine's), the commit it was made from.
-SETTINGS: dict[str, str | None] = {"gpu_slot": None, "commit": None}
+# the GPU slot the job holds (seqmix.slots: "<gpu>/<slot index>"), in a copy of the checkout
+# without git's data (a GPU machine's) the commit it was made from, the numerics the command
+# asked for (seqmix.numerics) and the process's values of the variables that pin them.
+SETTINGS: dict = {"gpu_slot": None, "commit": None, "numerics": None, "environment": {}}
 
 
-def configure(gpu_slot: str | None = None, commit: str | None = None) -> None:
-    SETTINGS.update(gpu_slot=gpu_slot or None, commit=commit or None)
+def configure(gpu_slot: str | None = None, commit: str | None = None, numerics: str | None = None,
+              environment: dict[str, str] | None = None) -> None:
+    SETTINGS.update(gpu_slot=gpu_slot or None, commit=commit or None, numerics=numerics,
+                    environment=dict(environment or {}))
 
 
 def git_commit() -> dict:
@@ -57,13 +60,46 @@ def package_versions() -> dict:
 
 
 def cpu_name() -> str:
+    return numerics.cpu_model()
+
+
+# oneMKL's conditional-numerical-reproducibility branches, as mkl_cbwr_get returns them
+# (mkl_cbwr.h; each read back after setting MKL_CBWR on this wheel's oneMKL 2024.2)
+MKL_BRANCHES = {0: "OFF", 1: "BRANCH_OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
+                8: "SSE4_2", 9: "AVX", 10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1",
+                14: "AVX512_E1"}
+
+
+def mkl_branch() -> str | None:
+    """The oneMKL code branch this process runs (``MKL_CBWR``'s effect, which oneMKL reports
+    after choosing: on a non-Intel CPU an Intel-only branch reads AUTO); None without oneMKL."""
+    import ctypes
+
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        get = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_cbwr_get
+    except (OSError, AttributeError):
+        return None
+    get.restype = ctypes.c_int
+    code = get(1)  # MKL_CBWR_BRANCH
+    return MKL_BRANCHES.get(code & 0xFFFF, str(code))
+
+
+def numerics_record() -> dict:
+    """The numerics this process runs: the mode its command asked for (seqmix.numerics),
+    whether each library took the pinned path (ATen's capability and oneMKL's branch read
+    from the libraries, oneDNN's cap from the environment), the threads, and the CPU with its
+    flags. ``pinned``: every pin in effect, so that the run's bits are those of any other host
+    with AVX2 and FMA (docs/hosts.md)."""
+    env = SETTINGS["environment"]
+    effective = {"aten_capability": torch.backends.cpu.get_cpu_capability(), "mkl_branch": mkl_branch(),
+                 "onednn_max_isa": env.get("ONEDNN_MAX_CPU_ISA"), "threads": torch.get_num_threads()}
+    pinned = (effective["aten_capability"] == "AVX2"
+              and effective["mkl_branch"] == numerics.PINS["MKL_CBWR"]
+              and (env.get("ONEDNN_MAX_CPU_ISA") or "").upper() == numerics.PINS["ONEDNN_MAX_CPU_ISA"])
+    flags = numerics.cpu_flags()
+    return {"mode": SETTINGS["numerics"], "pinned": pinned, **effective, "environment": env,
+            "cpu": numerics.cpu_model(), "vendor": numerics.cpu_vendor(), "vector_isa": numerics.vector_isa(flags),
+            "cpu_flags": " ".join(flags)}
 
 
 def device_record(device: torch.device) -> dict:
@@ -98,6 +134,7 @@ def provenance(device: torch.device, seed: int | None = None, code: Code | None 
         "packages": package_versions(),
         "device": device_record(device),
         "implementation": dispatch.provenance(),
+        "numerics": numerics_record(),
         "host": platform.node(),
         "platform": platform.platform(),
         "seed": seed,

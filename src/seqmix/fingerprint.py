@@ -1,0 +1,232 @@
+"""`python -m seqmix fingerprint`: the bits this host's training gives under a study's numerics.
+
+A few training steps of every catalogued mixer (config/fingerprint.yaml: the quick profile's
+MQAR cell at width 64 with a feed-forward, so that a step makes every library call a study's
+training makes: oneMKL's matrix products and FFTs, oneDNN's conv1d and GELU, ATen's kernels,
+dropout; a mixer without a causal form on a small SNLI classifier), on one thread, one fixed
+batch, then the SHA-256 of each model's weights and one of them all. Two hosts whose
+fingerprints agree train every mixer to the same bits; docs/hosts.md keeps the hosts
+measured, tests/test_numerics.py checks this host against them. Seconds, not minutes: no
+data is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import torch
+
+from seqmix import REPO_ROOT, catalogue, numerics
+from seqmix.study.jobs import TrainJob
+
+# The prose of docs/hosts.md around its generated tables: what a fingerprint shows and what not.
+HOSTS_NOTES = """\
+`numerics: portable` pins ATen to its AVX2 kernels, oneDNN to AVX2 and oneMKL to its COMPATIBLE
+branch, on one thread (seqmix/numerics.py); a host needs x86-64 with AVX2 and FMA. Every x86-64
+host of that kind should give the portable fingerprint below: one that differs, with the code it
+was made from unchanged (tests/test_numerics.py checks both), is a defect of the pinning to find
+on that host (`python -m tools.numerics_probe` tells which library moves the bits), not a value
+to record. `native` fingerprints are listed for comparison: they differ between hosts of other
+instruction sets or vendors.
+
+What is known per library (the evidence: docs/numerics-probe.md, tests/test_numerics.py):
+
+- oneMKL cannot be pinned to one AVX2 path on AMD CPUs: its AVX2 reproducibility branch
+  (`MKL_CBWR=AVX2`) exists on Intel CPUs only, and on AMD oneMKL runs AUTO instead (it reports
+  AUTO, and the weights are those of the default), a Zen kernel of its generic branch that no
+  Intel host runs; `MKL_ENABLE_INSTRUCTIONS` changes nothing there. Portable therefore uses the
+  COMPATIBLE branch, which every vendor runs: with oneMKL made to dispatch as on the other
+  vendor's CPUs (tools/mkl_vendor.py), the portable fingerprint stays the same and the native
+  one changes. `perf report` on an AMD EPYC (Zen 5) named the kernels: `mkl_blas_def_sgemm_kernel_0_zen`
+  natively, `mkl_blas_cnr_def_*` under COMPATIBLE whichever vendor oneMKL believed, and
+  `mkl_blas_avx512_*` / `mkl_dft_avx512_*` natively as on Intel; the FFTs (H3's convolution) ran
+  `mkl_dft_def_*` natively on AMD and under COMPATIBLE as on either vendor. That branch is what
+  makes portable cost more than native (docs/numerics-cost.md).
+- ATen at a fixed capability and oneDNN capped at AVX2 choose their kernels from the CPU's flags,
+  not its vendor (oneDNN's AMD-only paths need AVX-512); capping them and oneMKL as on an
+  AVX2-only host leaves the portable fingerprint unchanged.
+- Not yet seen on a host of the other vendor: the vendor test above changes oneMKL's dispatch
+  only, so blocking that ATen or oneDNN derive from cache sizes, and the compiler and glibc that
+  build Mamba's fused CPU scan on each host (g++ -O3 -ffast-math -mavx2 -mfma, glibc's vector
+  exp), are checked only by a fingerprint recorded on such a host. Add one with
+  `python -m seqmix fingerprint --numerics portable --record docs/hosts.md`.
+"""
+CONFIG = REPO_ROOT / "config" / "fingerprint.yaml"  # the models, their shapes and steps
+ALL = "all"  # the line that hashes every mixer's
+
+
+def specs(mode: str) -> list[TrainJob]:
+    """One run spec per catalogued mixer, in the catalogue's order: its run on the first task of
+    config/fingerprint.yaml that trains it."""
+    from seqmix.study.load import load_study
+    from seqmix.study.table import run_spec, runs
+
+    study = load_study(CONFIG, {"numerics": mode, "architectures": catalogue.mixer_names()})
+    first = {}
+    for r in runs(study):
+        first.setdefault(r.arch, r)
+    return [run_spec(study, first[name].task, name, first[name].seed) for name in catalogue.mixer_names()]
+
+
+@dataclasses.dataclass
+class Trainer:
+    """A run's model, optimiser and training step on one fixed batch of its shapes (what
+    ``seqmix.train.loop`` does per step, without data files, checkpoints or evaluation)."""
+
+    spec: TrainJob
+    model: torch.nn.Module
+    step: Any  # () -> loss
+
+
+def trainer(spec: TrainJob, batch_size: int | None = None) -> Trainer:
+    """The run of ``spec`` built as training builds it (seeded, budget solved), stepping on
+    ``task.example_batch`` at ``batch_size`` (default: the run's)."""
+    from seqmix.tasks import task_class
+    from seqmix.train.loop import build_for_spec, lr_lambda, make_optimizer
+    from seqmix.train.step import optimizer_step, step_loss
+
+    device = torch.device("cpu")
+    task = task_class(spec.kind).without_data(spec)
+    model, _ = build_for_spec(spec, task)
+    opt = make_optimizer(model, spec.train)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(spec.train))
+    loss_of = step_loss(task, model, device, spec.train)
+    batch = task.example_batch(batch_size or spec.train.batch_size, device)
+    torch.manual_seed(spec.seed + 1)  # the dropout stream, as a fresh run seeds it
+
+    def step() -> float:
+        model.train()
+        loss, _ = optimizer_step(loss_of, model, opt, spec.train.grad_clip, batch)
+        sched.step()
+        return loss
+
+    return Trainer(spec, model, step)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter and buffer: names, shapes, dtypes and bytes."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def fingerprint(mode: str) -> dict[str, str]:
+    """{mixer: digest of its weights after its training steps, ..., "all": digest of those}, trained
+    in this process (whose libraries the CLI pinned for ``mode`` before torch was imported)."""
+    torch.set_num_threads(1)
+    digests = {}
+    for spec in specs(mode):
+        run = trainer(spec)
+        for _ in range(spec.train.steps):
+            run.step()
+        digests[spec.arch] = weights_digest(run.model)
+    digests[ALL] = hashlib.sha256("".join(digests.values()).encode()).hexdigest()
+    return digests
+
+
+def lines(digests: dict[str, str], width: int = 16) -> list[str]:
+    """What the command prints: one line per mixer and one for all, digests cut to ``width``."""
+    return [f"{name:<15} {digest[:width]}" for name, digest in digests.items()]
+
+
+def host_record(mode: str) -> dict[str, str]:
+    """The host a fingerprint was made on, as docs/hosts.md lists it."""
+    flags = numerics.cpu_flags()
+    return {"cpu": numerics.cpu_model(), "vendor": numerics.cpu_vendor(), "vector_isa": numerics.vector_isa(flags),
+            "flags": " ".join(f for f in flags if f.startswith(("avx", "fma", "sse", "amx"))), "mode": mode}
+
+
+def sources() -> dict[str, str]:
+    """{file: digest} of the code a fingerprint depends on: this module and what every mixer's
+    training imports (seqmix.sources). A recorded fingerprint made by other code is stale, not
+    a defect of the pinning."""
+    from seqmix.sources import closure, digests, run_modules
+
+    modules = {__name__, *(m for s in specs(numerics.DEFAULT) for m in run_modules(s.arch, s.kind))}
+    return digests([*closure(sorted(modules)), CONFIG])
+
+
+def commit_of(sources: dict[str, str]) -> str:
+    """The checkout's commit, with " + edits" where one of ``sources`` differs from it."""
+    import subprocess
+
+    def git(*args) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+
+    head = git("rev-parse", "HEAD").stdout.strip()
+    if not head:
+        return "unknown"
+    inside = [f for f in sources if not f.startswith("/")]
+    return head + (" + edits" if git("diff", "--quiet", "HEAD", "--", *inside).returncode else "")
+
+
+# ------------------------------------------------------------------------------------------
+# docs/hosts.md: every host a fingerprint was recorded on, generated from the JSON it keeps.
+# ------------------------------------------------------------------------------------------
+
+HOSTS_BEGIN, HOSTS_END = "<!-- hosts:", "-->"
+
+
+def read_hosts(path) -> list[dict]:
+    """The entries a hosts file keeps (its JSON comment); [] where there is none."""
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    start = text.find(HOSTS_BEGIN)
+    if start < 0:
+        return []
+    import json
+
+    return json.loads(text[start + len(HOSTS_BEGIN):text.index(HOSTS_END, start)])
+
+
+def same_host(a: dict, b: dict) -> bool:
+    """One entry per CPU model, vendor, instruction sets and mode: a new one replaces it."""
+    return all(a[k] == b[k] for k in ("cpu", "vendor", "flags", "mode"))
+
+
+def hosts_markdown(entries: list[dict], notes: str) -> str:
+    """docs/hosts.md: the hosts and their fingerprints as tables, the entries as JSON."""
+    import json
+
+    out = ["# Hosts and their fingerprints", "",
+           "Generated by `python -m seqmix fingerprint --record docs/hosts.md` (one entry per CPU model, "
+           "instruction sets and numerics; a new recording replaces its host's). Do not edit by hand.", "",
+           notes.strip(), "", "## Hosts", "",
+           "| # | CPU | vendor | vector ISA | numerics | pinned | date | commit | all |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for i, e in enumerate(entries, 1):
+        out.append(f"| {i} | {e['cpu']} | {e['vendor']} | {e['vector_isa']} | {e['mode']} | "
+                   f"{'yes' if e['pinned'] else 'no'} | {e['date']} | `{e['commit'][:10]}`"
+                   f"{' + edits' if e['commit'].endswith('+ edits') else ''} | `{e['digests'][ALL][:16]}` |")
+    out += ["", "Instruction-set flags of each host (those starting avx, fma, sse, amx):", ""]
+    out += [f"{i}. {e['flags']}" for i, e in enumerate(entries, 1)]
+    names = [*catalogue.mixer_names(), ALL]
+    names += sorted({n for e in entries for n in e["digests"]} - set(names))  # a mixer since removed
+    out += ["", "## Fingerprints", "",
+            "The first 16 hex digits of the SHA-256 of each mixer's weights after its training steps "
+            "(seqmix/fingerprint.py, config/fingerprint.yaml), one column per host above.", "",
+            "| mixer | " + " | ".join(f"#{i} {e['mode']}" for i, e in enumerate(entries, 1)) + " |",
+            "|---|" + "---|" * len(entries)]
+    for name in names:
+        out.append(f"| {name} | " + " | ".join(f"`{e['digests'].get(name, '')[:16]}`" for e in entries) + " |")
+    out += ["", HOSTS_BEGIN, json.dumps(entries, indent=1), HOSTS_END, ""]
+    return "\n".join(out)
+
+
+def record(path, entry: dict, notes: str) -> list[dict]:
+    """Add ``entry`` to the hosts file at ``path`` (replacing its host's) and rewrite it."""
+    from seqmix.io import write_text
+
+    entries = [e for e in read_hosts(path) if not same_host(e, entry)] + [entry]
+    entries.sort(key=lambda e: (e["mode"] != "portable", e["vendor"], e["cpu"], e["flags"]))
+    write_text(path, hosts_markdown(entries, notes))
+    return entries

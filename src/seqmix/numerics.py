@@ -1,0 +1,186 @@
+"""Which code path each CPU library takes, so that a study gives the same bits on every x86-64
+host (the study's ``numerics:``; README, "Numerics").
+
+Three libraries under PyTorch pick their code from the CPU they run on, and each path rounds
+differently: ATen's vectorised kernels (AVX-512 or AVX2, from the CPU's flags), oneDNN's JIT
+kernels (Mamba's conv1d, the feed-forward's GELU; from the flags) and oneMKL's matrix
+products and FFTs (from the flags *and the vendor*: on AMD a Zen kernel of its generic branch,
+on Intel an AVX-512 one). ``portable`` pins each to one path every x86-64 host with AVX2 and
+FMA has, and fixes the thread count:
+
+- ``ATEN_CPU_CAPABILITY=avx2``: ATen's AVX2 kernels (no approximate rcp/rsqrt instructions);
+- ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's AVX2 kernels (its AMD-only paths need AVX-512);
+- ``MKL_CBWR=COMPATIBLE``: oneMKL's conditional-numerical-reproducibility branch that is the
+  same on every vendor (SSE2 without rcpps/rsqrtps, fixed blocking). Its AVX2 branch would be
+  faster but exists on Intel CPUs only: elsewhere ``MKL_CBWR=AVX2`` silently runs AUTO
+  (oneMKL developer guide, "Getting Started with Conditional Numerical Reproducibility");
+- one OpenMP and one oneMKL thread (a job that sets its own count, ``train.threads``, keeps it).
+
+``native`` leaves every library to the host: faster where it has AVX-512, results that
+depend on the CPU. It is the default because portable costs well over the 1.10x of native
+this project allows a default on an AVX-512 host, nearly all of it in oneMKL's COMPATIBLE
+matrix products (docs/numerics-cost.md); which library moves the bits: docs/numerics-probe.md;
+the hosts measured: docs/hosts.md.
+
+Standard library only, and nothing here touches the environment: the CLI decides the mode
+from the job's spec or config before torch is imported and sets these variables itself
+(the libraries read them when they load or first run), the Snakefile exports them in every
+job's shell (seqmix.study.dag.shell_prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+from collections.abc import Iterable
+from pathlib import Path
+
+MODES = ("portable", "native")
+DEFAULT = "native"  # why: the module docstring
+
+# What ``portable`` sets, and why each: the module docstring.
+PINS: dict[str, str] = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_CBWR": "COMPATIBLE",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+# What a run's provenance records of its environment: the pins, and the cap that makes a host
+# look like one without AVX-512 to oneMKL (a test sets it).
+VARIABLES = (*PINS, "MKL_ENABLE_INSTRUCTIONS")
+# The flags every portable host has: AVX2 and FMA, the vector part of x86-64-v3.
+MINIMUM = ("avx2", "fma")
+MINIMUM_NAME = "AVX2 and FMA (x86-64-v3)"
+
+
+def environment(mode: str) -> dict[str, str]:
+    """The variables a job of this mode runs with (native: none set)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown numerics {mode!r}; choose from: {', '.join(MODES)}")
+    return dict(PINS) if mode == "portable" else {}
+
+
+def shell_exports(mode: str) -> str:
+    """The exports of ``environment(mode)`` as a shell command ('' for none)."""
+    pins = environment(mode)
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in pins.items()) + "; " if pins else ""
+
+
+# ------------------------------------------------------------------------------------------
+# The host.
+# ------------------------------------------------------------------------------------------
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def _field(name: str, cpuinfo: str | None) -> str | None:
+    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
+    return _field("model name", cpuinfo) or platform.processor() or platform.machine()
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """The CPU's feature flags, sorted ([] where /proc/cpuinfo has none)."""
+    return sorted(set((_field("flags", cpuinfo) or "").split()))
+
+
+def cpu_vendor(cpuinfo: str | None = None) -> str:
+    """``GenuineIntel``, ``AuthenticAMD``, ... ('' unknown)."""
+    return _field("vendor_id", cpuinfo) or ""
+
+
+def vector_isa(flags: list[str]) -> str:
+    """The widest vector instruction set the flags name, as the libraries choose by it."""
+    have = set(flags)
+    if "avx512f" in have:
+        return "AVX-512"
+    if set(MINIMUM) <= have:
+        return "AVX2"
+    return "AVX" if "avx" in have else "SSE"
+
+
+def host_problem(mode: str, flags: list[str] | None = None, machine: str | None = None,
+                 model: str | None = None) -> str | None:
+    """Why this host cannot run ``mode`` (None: it can): portable needs an x86-64 CPU with
+    AVX2 and FMA."""
+    if mode != "portable":
+        return None
+    machine = machine or platform.machine()
+    fix = "or set numerics: native in the config (its results then depend on the CPU that runs them)"
+    if machine.lower() not in ("x86_64", "amd64"):
+        return (f"numerics: portable pins the x86-64 code paths of ATen, oneDNN and oneMKL, and this host is "
+                f"{machine}: run on an x86-64 host with {MINIMUM_NAME}, {fix}")
+    flags = cpu_flags() if flags is None else flags
+    missing = [f for f in MINIMUM if f not in flags]
+    if missing:
+        return (f"numerics: portable needs a CPU with {MINIMUM_NAME}, and this host's "
+                f"({model or cpu_model()}) lacks {', '.join(missing)}: run on such a host, {fix}")
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# The mode of a command, read before torch is imported: from its job spec, its run, its config.
+# ------------------------------------------------------------------------------------------
+
+
+def _checked(mode, where: str) -> str | None:
+    if mode is None or mode in MODES:
+        return mode
+    raise ValueError(f"{where}: numerics is {mode!r}; choose from: {', '.join(MODES)}")
+
+
+def mode_in_spec(spec: str) -> str | None:
+    """The ``numerics`` of a job spec given as JSON (None: it has none, or it is not JSON:
+    the spec's own validation names what is wrong)."""
+    try:
+        data = json.loads(spec)
+    except ValueError:
+        return None
+    return _checked(data.get("numerics"), "--spec") if isinstance(data, dict) else None
+
+
+def mode_in_run(run_dir: str | Path) -> str | None:
+    """The ``numerics`` a run was trained with (its config.json; None: not recorded)."""
+    try:
+        data = json.loads((Path(run_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return _checked(data.get("numerics"), f"{run_dir}/config.json") if isinstance(data, dict) else None
+
+
+def mode_in_config(config: str, files: Iterable[Path], overrides: dict | None = None) -> str | None:
+    """The ``numerics`` a config sets: ``overrides`` first, then a config given as a JSON
+    object, or its file and those it ``extends`` (``files``, nearest first: the nearest that
+    sets it wins); None: not set (or not readable: validating the config says why)."""
+    if overrides and "numerics" in overrides:
+        return _checked(overrides["numerics"], "--overrides")
+    if config.lstrip().startswith("{"):
+        try:
+            data = json.loads(config)
+        except ValueError:
+            return None
+        return _checked(data.get("numerics"), "--config") if isinstance(data, dict) else None
+    from seqmix.io import yaml_data
+
+    for path in files:
+        try:
+            data = yaml_data(Path(path).read_text())
+        except Exception:  # noqa: BLE001 - not YAML, unreadable: validating the config names what is wrong
+            return None
+        if isinstance(data, dict) and "numerics" in data:
+            return _checked(data["numerics"], str(path))
+    return None

@@ -1,0 +1,288 @@
+"""The study's numerics (seqmix/numerics.py, README "Numerics"): read before torch, applied to
+every job, refused on a host below the minimum, recorded and reported; and the fingerprint
+that proves the pinning: unchanged on this host made to look AVX2-only or of the other
+vendor (while native changes), and equal to the one docs/hosts.md keeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from seqmix import catalogue, fingerprint, numerics
+from seqmix.report import collect, quality_tables
+from seqmix.study import dag
+from seqmix.study.load import validate_study
+from seqmix.study.table import job_table, run_spec
+from tests.conftest import tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+HOSTS = REPO / "docs" / "hosts.md"
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Test CPU
+flags\t\t: fpu sse sse2 avx fma avx2 avx512f
+"""
+
+
+# ------------------------------------------------------------------------------------------
+# The setting: what each mode sets, the host it needs, where a command reads it.
+# ------------------------------------------------------------------------------------------
+
+
+def test_portable_pins_each_library_and_native_pins_nothing():
+    assert numerics.environment("portable") == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                                                "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1",
+                                                "MKL_NUM_THREADS": "1"}
+    assert numerics.environment("native") == {} and numerics.shell_exports("native") == ""
+    assert numerics.shell_exports("portable").startswith("export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ")
+    with pytest.raises(ValueError, match="unknown numerics 'fast'; choose from: portable, native"):
+        numerics.environment("fast")
+
+
+def test_the_host_is_read_from_cpuinfo():
+    assert numerics.cpu_model(CPUINFO) == "Intel(R) Xeon(R) Test CPU"
+    assert numerics.cpu_vendor(CPUINFO) == "GenuineIntel"
+    assert numerics.cpu_flags(CPUINFO) == ["avx", "avx2", "avx512f", "fma", "fpu", "sse", "sse2"]
+    assert numerics.vector_isa(numerics.cpu_flags(CPUINFO)) == "AVX-512"
+    assert numerics.vector_isa(["avx", "avx2", "fma"]) == "AVX2" and numerics.vector_isa(["sse2", "avx"]) == "AVX"
+
+
+def test_a_host_below_the_minimum_is_refused_with_the_fix():
+    assert numerics.host_problem("portable", ["avx", "avx2", "fma"], "x86_64") is None
+    assert numerics.host_problem("native", [], "aarch64") is None
+    problem = numerics.host_problem("portable", ["sse2", "avx"], "x86_64", model="Old CPU")
+    assert problem == ("numerics: portable needs a CPU with AVX2 and FMA (x86-64-v3), and this host's (Old CPU) "
+                       "lacks avx2, fma: run on such a host, or set numerics: native in the config (its results "
+                       "then depend on the CPU that runs them)")
+    assert "this host is aarch64" in numerics.host_problem("portable", [], "aarch64")
+
+
+def test_the_mode_is_read_from_spec_run_and_config_without_torch(tmp_path):
+    assert numerics.mode_in_spec('{"numerics": "native", "arch": "h3"}') == "native"
+    assert numerics.mode_in_spec('{"arch": "h3"}') is None and numerics.mode_in_spec("not json") is None
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"numerics": "portable"}))
+    assert numerics.mode_in_run(tmp_path / "run") == "portable" and numerics.mode_in_run(tmp_path) is None
+    (tmp_path / "base.yaml").write_text("numerics: native\nseeds: [0]\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\n")
+    (tmp_path / "mine.yaml").write_text("extends: base.yaml\nnumerics: portable\n")
+
+    def mode(name, overrides=None):
+        return numerics.mode_in_config(str(tmp_path / name), dag.config_files(tmp_path / name), overrides)
+
+    assert mode("child.yaml") == "native"  # from what it extends
+    assert mode("mine.yaml") == "portable"  # the nearest wins
+    assert mode("mine.yaml", {"numerics": "native"}) == "native"
+    assert numerics.mode_in_config('{"numerics": "native"}', []) == "native"
+    assert mode("missing.yaml") is None
+    (tmp_path / "broken.yaml").write_text("numerics: [\n")
+    assert numerics.mode_in_config(str(tmp_path / "broken.yaml"), [tmp_path / "broken.yaml"]) is None
+    (tmp_path / "child.yaml").write_text("numerics: fast\n")
+    with pytest.raises(ValueError, match=r"child.yaml: numerics is 'fast'; choose from: portable, native"):
+        mode("child.yaml")
+
+
+def test_a_command_takes_its_jobs_numerics_else_its_configs():
+    from seqmix.cli import numerics_of
+
+    def args(**kw):
+        return types.SimpleNamespace(**{"spec": None, "config": None, **kw})
+
+    assert numerics_of(args(spec='{"numerics": "native"}', config='{"numerics": "portable"}')) == ("native", "--spec")
+    assert numerics_of(args(spec='{"kind": "mqar"}')) == (numerics.DEFAULT, "--spec")  # a data job: no torch numerics
+    assert numerics_of(args(config='{"numerics": "portable"}')) == ("portable", '{"numerics": "portable"}')
+    assert numerics_of(args(config='{"numerics": "x"}', overrides='{"numerics": "native"}'))[0] == "native"
+    assert numerics_of(args(asked_numerics="native", config='{"numerics": "portable"}')) == ("native", "--numerics")
+    assert numerics_of(args()) == (numerics.DEFAULT, None)
+    assert numerics_of(args(config="/no/such/config.yaml")) == (numerics.DEFAULT, None)  # loading it says so
+
+
+def test_the_command_line_imports_no_torch_before_it_pins():
+    code = "import sys, seqmix.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO / "src")}).returncode == 0
+
+
+def test_the_study_setting_reaches_every_job_and_the_run_identity(tmp_path):
+    from seqmix.train.loop import spec_hash
+
+    cfg = tiny_config(tmp_path, None)
+    assert validate_study(cfg).numerics == numerics.DEFAULT
+    tables = {mode: job_table(validate_study({**cfg, "numerics": mode})) for mode in numerics.MODES}
+    for mode, table in tables.items():
+        assert table["study"]["numerics"] == mode and dag.Jobs(table).numerics == mode
+        specs = [r["spec"] for r in table["runs"]]
+        assert specs and all(json.loads(s)["numerics"] == mode for s in specs)
+    # Two modes train to other bits: a checkpoint of one is not resumed by the other.
+    a, b = (run_spec(validate_study({**cfg, "numerics": m}), "mqar", "softmax", 0) for m in numerics.MODES)
+    assert spec_hash(a) != spec_hash(b)
+    with pytest.raises(Exception, match="numerics"):
+        validate_study({**cfg, "numerics": "fast"})
+
+
+def test_every_job_shell_starts_with_the_study_pins():
+    portable, native = dag.shell_prefix("portable"), dag.shell_prefix("native")
+    assert portable.startswith("set -euo pipefail; export PYTHONPATH=")
+    assert portable.endswith(numerics.shell_exports("portable")) and "MKL_CBWR=COMPATIBLE" in portable
+    assert native == dag.shell_prefix() and "ATEN_CPU_CAPABILITY" not in native
+    snakefile = (REPO / "Snakefile").read_text()
+    assert "shell.prefix(dag.shell_prefix(JOBS.numerics))" in snakefile
+
+
+def test_a_host_below_the_minimum_fails_before_the_first_job(tmp_path, monkeypatch, capsys):
+    from seqmix import preflight
+    from seqmix.cli import main
+
+    monkeypatch.setattr(numerics, "cpu_flags", lambda cpuinfo=None: ["sse2", "avx"])
+    study = validate_study({**tiny_config(tmp_path, None), "numerics": "portable"})
+    assert preflight.numerics_problems(study) == [f"config key 'numerics': {numerics.host_problem('portable')}"]
+    assert preflight.numerics_problems(validate_study({**tiny_config(tmp_path, None), "numerics": "native"})) == []
+    assert main(["fingerprint", "--numerics", "portable"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: numerics: portable needs a CPU with AVX2 and FMA") and err.count("\n") == 1
+    assert "(the numerics of --numerics)" in err
+
+
+# ------------------------------------------------------------------------------------------
+# Provenance and the report.
+# ------------------------------------------------------------------------------------------
+
+
+def test_provenance_reads_what_the_libraries_run():
+    from seqmix.train import provenance
+
+    provenance.configure(numerics="portable", environment={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    try:
+        rec = provenance.numerics_record()
+    finally:
+        provenance.configure()
+    assert rec["mode"] == "portable" and rec["aten_capability"] in ("DEFAULT", "AVX2", "AVX512")
+    assert rec["mkl_branch"] in provenance.MKL_BRANCHES.values()
+    assert rec["pinned"] == (rec["aten_capability"] == "AVX2" and rec["mkl_branch"] == "COMPATIBLE")
+    assert rec["cpu"] == numerics.cpu_model() and set(rec["cpu_flags"].split()) == set(numerics.cpu_flags())
+
+
+def test_runs_csv_says_how_each_run_ran():
+    pinned = {"numerics": {"mode": "portable", "pinned": True, "cpu": "AMD EPYC", "vector_isa": "AVX-512"}}
+    assert collect.numerics_of(pinned) == {"numerics": "portable", "cpu": "AMD EPYC (AVX-512)"}
+    unpinned = {"numerics": {**pinned["numerics"], "pinned": False}}
+    assert collect.numerics_of(unpinned)["numerics"] == "portable, not pinned"
+    assert collect.numerics_of({"numerics": {**unpinned["numerics"], "mode": "native"}})["numerics"] == "native"
+    assert collect.numerics_of({}) == {"numerics": "", "cpu": ""}
+
+
+def runs_of(*rows: tuple[str, str]) -> pd.DataFrame:
+    return pd.DataFrame([{"numerics": m, "cpu": c} for m, c in rows])
+
+
+def test_the_report_says_the_mode_and_flags_mixed_modes_and_hosts():
+    amd, intel = "AMD EPYC (AVX-512)", "Intel Xeon (AVX2)"
+    text = quality_tables.numerics_text(runs_of(("portable", amd), ("portable", intel)))
+    assert text.startswith("Numerics: every run portable on 2 hosts (1 run on AMD EPYC (AVX-512) and 1 run on")
+    assert "any x86-64 host with AVX2 and FMA gives the same bits" in text and "textbf" not in text
+    text = quality_tables.numerics_text(runs_of(("native", amd), ("native", amd)))
+    assert text.startswith("Numerics: every run native on one host, AMD EPYC (AVX-512).")
+    assert "another x86 host can give other last bits" in text
+    text = quality_tables.numerics_text(runs_of(("native", amd), ("native", intel)))
+    assert "\\textbf{Runs from several hosts}" in text
+    text = quality_tables.numerics_text(runs_of(("portable", amd), ("native", amd), ("native", amd)))
+    assert text.startswith("\\textbf{Runs of mixed numerics}: 2 runs native and 1 run portable, on one host")
+    assert quality_tables.numerics_text(pd.DataFrame({"arch": ["softmax"]})).startswith("No run recorded")
+
+
+# ------------------------------------------------------------------------------------------
+# The fingerprint: this host made to look like others, and the hosts docs/hosts.md keeps.
+# ------------------------------------------------------------------------------------------
+
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def run_fingerprint(tmp_path: Path, mode: str, extra: dict | None = None, name: str = "fp") -> dict:
+    """`python -m seqmix fingerprint` in a fresh process with ``extra`` in its environment
+    (none of the numerics variables of this one)."""
+    env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"}
+    env.update(extra or {}, PYTHONPATH=str(REPO / "src"))
+    out = tmp_path / f"{name}-{mode}.json"
+    proc = subprocess.run([sys.executable, "-m", "seqmix", "fingerprint", "--numerics", mode, "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {**json.loads(out.read_text()), "stdout": proc.stdout}
+
+
+@pytest.fixture(scope="module")
+def here(tmp_path_factory) -> dict:
+    """This host's portable and native fingerprints, as they are."""
+    tmp = tmp_path_factory.mktemp("fingerprint")
+    return {mode: run_fingerprint(tmp, mode) for mode in numerics.MODES}
+
+
+def differing(a: dict, b: dict) -> list[str]:
+    return [name for name in a["digests"] if a["digests"][name] != b["digests"].get(name)]
+
+
+def test_the_fingerprint_runs_pinned_and_prints_a_line_per_mixer(here):
+    portable = here["portable"]
+    assert portable["numerics"]["pinned"] and portable["numerics"]["threads"] == 1
+    assert (portable["numerics"]["aten_capability"], portable["numerics"]["mkl_branch"]) == ("AVX2", "COMPATIBLE")
+    assert set(portable["digests"]) == {*catalogue.mixer_names(), fingerprint.ALL}
+    assert not here["native"]["numerics"]["pinned"]
+    names = [*catalogue.mixer_names(), fingerprint.ALL]
+    assert [line.split() for line in portable["stdout"].splitlines()] == [
+        [name, portable["digests"][name][:16]] for name in names]
+
+
+def test_portable_does_not_change_on_a_host_made_to_look_avx2_only(here, tmp_path):
+    capped = {mode: run_fingerprint(tmp_path, mode, AVX2_ONLY, "avx2only") for mode in numerics.MODES}
+    assert differing(here["portable"], capped["portable"]) == [], "a pinned library still follows the host's ISA"
+    if numerics.vector_isa(numerics.cpu_flags()) != "AVX-512":
+        pytest.skip("this host has no AVX-512: capping it at AVX2 changes nothing, native included")
+    # The cap does something here: native follows it (ATen's and oneDNN's kernels, and oneMKL's on Intel).
+    assert differing(here["native"], capped["native"]), "capping the libraries changed nothing: the test proves nothing"
+
+
+def test_portable_does_not_change_when_onemkl_dispatches_as_on_the_other_vendor(here, tmp_path):
+    from tools import mkl_vendor
+
+    if mkl_vendor.compiler() is None:
+        pytest.skip("no C compiler to build the oneMKL vendor shim (tools/mkl_vendor.py)")
+    intel_here = numerics.cpu_vendor() == "GenuineIntel"
+    shim = {"LD_PRELOAD": str(mkl_vendor.build(tmp_path, intel=not intel_here))}
+    flipped = {mode: run_fingerprint(tmp_path, mode, shim, "vendor") for mode in numerics.MODES}
+    assert differing(here["portable"], flipped["portable"]) == [], (
+        "oneMKL's COMPATIBLE branch gave other bits when dispatching as on the other vendor's CPUs")
+    # The shim does something: native oneMKL takes the other vendor's kernels and changes the bits.
+    assert differing(here["native"], flipped["native"]), "the vendor shim changed nothing: the test proves nothing"
+
+
+def test_portable_fingerprint_is_the_one_docs_hosts_keeps(here):
+    entries = [e for e in fingerprint.read_hosts(HOSTS) if e["mode"] == "portable" and e["pinned"]]
+    assert entries, f"{HOSTS} keeps no portable fingerprint: record one (python -m seqmix fingerprint --numerics portable --record docs/hosts.md)"
+    mine = {k: v[:16] for k, v in here["portable"]["digests"].items()}
+    recorded = entries[0]  # every portable entry holds the same digests (the next test)
+    differ = [name for name in mine if mine[name] != recorded["digests"].get(name)]
+    if not differ:
+        return
+    from seqmix.sources import changed
+
+    stale = changed(recorded["sources"])
+    assert not stale, (f"the portable fingerprint differs from {HOSTS}'s ({', '.join(differ)}), and the code it depends "
+                       f"on changed since it was recorded ({', '.join(stale[:8])}): record it again on a listed host "
+                       "(python -m seqmix fingerprint --numerics portable --record docs/hosts.md)")
+    host = f"{numerics.cpu_model()} ({numerics.cpu_vendor()}, {numerics.vector_isa(numerics.cpu_flags())})"
+    pytest.fail(f"this host, {host}, trains {', '.join(differ)} to other bits than {recorded['cpu']} "
+                f"({recorded['vendor']}) with the same code under portable numerics: a library these mixers call is "
+                "not pinned here; find which (python -m tools.numerics_probe) and fix the pinning (seqmix/numerics.py)")
+
+
+def test_every_recorded_portable_host_agrees():
+    entries = [e for e in fingerprint.read_hosts(HOSTS) if e["mode"] == "portable" and e["pinned"]]
+    for e in entries[1:]:
+        assert e["digests"] == entries[0]["digests"] or e["sources"] != entries[0]["sources"], (
+            f"{e['cpu']} and {entries[0]['cpu']} recorded other portable fingerprints from the same code")
