@@ -259,8 +259,8 @@ def markdown(rows: list[dict], mfu: float, peak: float, measured_from: str | Non
              "H100 h", "H100 h from"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in [*rows, totals(rows)]:
-        label = catalogue.label(r["arch"]) if r["arch"] else ""
-        cells = [r["task"], label] + [_cell(k, r[k]) for k in FIELDS[2:-1]]
+        title = catalogue.title(r["arch"]) if r["arch"] else ""
+        cells = [r["task"], title] + [_cell(k, r[k]) for k in FIELDS[2:-1]]
         lines.append("| " + " | ".join(cells) + " |")
     total, assumed = totals(rows)["h100_hours"], totals(rows)["assumed_mfu_hours"]
     source = (f"step times measured on an H100 ({measured_from}/{STEP_TIMES}, written by `make gpu-check`) where "

@@ -109,7 +109,7 @@ def _run_cases(spec, profile: str) -> Iterator[Case]:
             built.extend(_distinct_mixers(task.build_model(size.d_model, size.n_layers, size.d_ff_mult)))
         return built
 
-    label = f"{profile} {spec.task} {spec.arch} d{size.d_model}"
+    where = f"{profile} {spec.task} {spec.arch} d{size.d_model}"
     for phase in ("train", "eval"):
         shapes = _shapes(task.shorter_batches, phase, spec.train.batch_size, task.sequence_length)
 
@@ -119,7 +119,7 @@ def _run_cases(spec, profile: str) -> Iterator[Case]:
                     _mixer_call(m, b, length, spec.train.precision, phase == "train")
 
         bs, ls = sorted({b for b, _ in shapes}), sorted({n for _, n in shapes})
-        yield f"{label} {phase} b{'/'.join(map(str, bs))} L{_span(ls)}", call
+        yield f"{where} {phase} b{'/'.join(map(str, bs))} L{_span(ls)}", call
 
 
 def _span(lengths) -> str:

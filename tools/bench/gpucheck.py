@@ -236,7 +236,7 @@ def step_time_lines(probe: list[dict], baseline: list[dict], baseline_name: str)
         task, arch = r["task"], r["arch"]
         mine, theirs = now.get((task, arch)), then.get((task, arch))
         base_now, base_then = now.get((task, catalogue.BASELINE)), then.get((task, catalogue.BASELINE))
-        rows.append([task, catalogue.label(arch), mine["step_ms"] if mine else r.get("status", "")[:80],
+        rows.append([task, catalogue.title(arch), mine["step_ms"] if mine else r.get("status", "")[:80],
                      _ratio(mine["step_ms"], base_now["step_ms"]) if mine and base_now else "",
                      f"{float(mine['mfu']):.1%}" if mine and mine["mfu"] not in ("", None) else "",
                      theirs["step_ms"] if theirs else "", _ratio(theirs["step_ms"], base_then["step_ms"])
@@ -271,7 +271,7 @@ def summary(s: Setup, parts: dict[str, dict], results: dict[str, tuple[list, lis
         if name == "compiled_step" and rows:
             lines += _table(["task", "architecture", "eager ms", "compiled ms", "speedup", "first compiled step s",
                              "graphs", "breaks", "max loss diff"],
-                            [[r["task"], catalogue.label(r["arch"]), r.get("eager_ms"), r.get("compiled_ms") or
+                            [[r["task"], catalogue.title(r["arch"]), r.get("eager_ms"), r.get("compiled_ms") or
                               r["status"][:80], r.get("speedup"), r.get("first_compiled_step_s"), r.get("graphs"),
                               r.get("graph_breaks"), r.get("max_loss_rel_diff")] for r in rows])
         lines.append("")
@@ -279,7 +279,7 @@ def summary(s: Setup, parts: dict[str, dict], results: dict[str, tuple[list, lis
               *step_time_lines(results.get("train_probe", ([], []))[0], baseline, str(plan.MEASURED_DIR)), "",
               "## Training run (train_run.csv)", "",
               *_table(["architecture", "compile", "status", "steps", "wall s", "train loss", "eval", "paths"],
-                      [[catalogue.label(r["arch"]) if "arch" in r else "", r.get("compile"), r["status"], r.get("steps"),
+                      [[catalogue.title(r["arch"]) if "arch" in r else "", r.get("compile"), r["status"], r.get("steps"),
                         r.get("wall_s"), r.get("train_loss_last"),
                         f"{r.get('eval_metric')} {r.get('eval_value')}" if r.get("eval_metric") else "", r.get("paths")]
                        for r in results.get("train", ([], []))[0]]), ""]

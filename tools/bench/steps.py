@@ -183,13 +183,13 @@ def worker(src: str) -> None:
 class Worker:
     """One version's worker process; ``ask`` sends a command and returns its answer."""
 
-    def __init__(self, label: str, src: Path):
-        self.label = label
+    def __init__(self, name: str, src: Path):
+        self.name = name
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(src)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, cwd=src.parent)
         self.imported = json.loads(self.proc.stdout.readline())
         if not self.imported["seqmix"].startswith(str(src)):
-            raise RuntimeError(f"{label}: imported seqmix from {self.imported['seqmix']}, not {src}")
+            raise RuntimeError(f"{name}: imported seqmix from {self.imported['seqmix']}, not {src}")
 
     def ask(self, **cmd) -> dict:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
@@ -217,13 +217,13 @@ def run(baseline: str, archs: list[str], points: list[str], time_batch: int, rou
     with tempfile.TemporaryDirectory() as tmp:
         workers = [Worker(baseline, extract(baseline, Path(tmp))), Worker("this checkout", REPO / "src")]
         cases = [(p, a) for p in points for a in archs]
-        counts = {(w.label, c): w.ask(cmd="count", point=c[0], arch=c[1]) for c in cases for w in workers}
+        counts = {(w.name, c): w.ask(cmd="count", point=c[0], arch=c[1]) for c in cases for w in workers}
         times: dict = collections.defaultdict(list)
         for r in range(rounds):
             for arch in archs:
                 for w in workers:
                     out = w.ask(cmd="time", point=time_point, arch=arch, batch=time_batch, steps=steps)
-                    times[(w.label, arch)] += out.get("times", [])
+                    times[(w.name, arch)] += out.get("times", [])
             if progress:
                 print(f"round {r + 1}/{rounds} timed", file=sys.stderr, flush=True)
         for w in workers:
@@ -236,19 +236,19 @@ def table(workers, cases, counts, times, time_point: str, time_batch: int) -> st
             "paths (GPU dispatch)"]
     rows = []
     for point, arch in cases:
-        got = [counts[(w.label, (point, arch))] for w in workers]
+        got = [counts[(w.name, (point, arch))] for w in workers]
         for w, n in zip(workers, got):
-            t = times.get((w.label, arch)) if point == time_point else None
+            t = times.get((w.name, arch)) if point == time_point else None
             ms = f"{statistics.median(t) * 1e3:.0f}" if t else "-"
             if "error" in n:
-                rows.append([point, arch, w.label, n["error"], "", ms, ""])
+                rows.append([point, arch, w.name, n["error"], "", ms, ""])
             else:
                 paths = "; ".join(f"{k}: {v}" for k, v in n["paths"].items()) or "none"
-                rows.append([point, arch, w.label, str(n["writes"]), f"{n['gb']:.2f}", ms, paths])
+                rows.append([point, arch, w.name, str(n["writes"]), f"{n['gb']:.2f}", ms, paths])
         if any("error" in n for n in got):
             continue
         old, new = got
-        t_old, t_new = (times.get((w.label, arch)) if point == time_point else None for w in workers)
+        t_old, t_new = (times.get((w.name, arch)) if point == time_point else None for w in workers)
         ratio = f"{statistics.median(a / b for a, b in zip(t_new, t_old)):.2f}x" if t_old and t_new else "-"
         rows.append([point, arch, "new / old", f"{new['writes'] / old['writes']:.2f}x", f"{new['gb'] / old['gb']:.2f}x",
                      ratio, ""])
