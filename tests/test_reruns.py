@@ -158,7 +158,7 @@ def test_a_run_planned_with_other_code_fails_before_any_step(spec):
                            "--code", "f" * 16], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: the code of run {spec.label} changed after the workflow planned it (planned digest {'f' * 16}, "
+        f"error: the code of run {spec.run_name} changed after the workflow planned it (planned digest {'f' * 16}, "
         f"this checkout's {planned}): run the workflow again, which plans it with the code as it is now")
     assert not (Path(spec.run_dir) / "model.pt").exists()
 

@@ -14,7 +14,8 @@ Glossary: each word means one thing here, in names, messages, columns and docs a
   ``sweep`` turns it into one task per point of its grid, ``<task>/<point>``
   (``mqar/L64-kv4/d64-lr0.001``), each carrying the values it sets (its ``axes``). The task
   as written is its ``group``: the points of a sweep share its data. ``table.StudyTask``.
-- run: one (task, architecture, seed), trained into ``<results_dir>/runs/<task>/<arch>/seed<k>/``.
+- run: one (task, architecture, seed), trained into ``<results_dir>/runs/<task>/<arch>/seed<k>/``;
+  its *name* is ``<task>/<arch>/seed<k>`` (``TrainJob.run_name``), its logs' and messages'.
 - job: one Snakemake job (train a run, evaluate it, an analysis, a notebook); its *spec* is
   what it reads, a ``*Job`` model of ``jobs`` (``TrainJob`` for a run), given as JSON
   (``--spec``); the *job table* lists every job of a study with its spec (``table.job_table``).

@@ -70,7 +70,8 @@ class TrainJob(Section):
     mixer_options: dict[str, Any]
 
     @property
-    def label(self) -> str:
+    def run_name(self) -> str:
+        """The run's name, ``<task>/<arch>/seed<k>``: its logs', benchmarks' and messages'."""
         return f"{self.task}/{self.arch}/seed{self.seed}"
 
 
