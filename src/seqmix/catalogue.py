@@ -33,7 +33,7 @@ class MixerEntry:
 
 @dataclasses.dataclass(frozen=True)
 class TaskEntry:
-    kind: str  # the config names a task "<kind>" or "<kind>/<label>"
+    kind: str  # the config names a task "<kind>" or "<kind>/<variant>"
     path: str  # "module:Class" of its seqmix.tasks.base.Task subclass
     title: str  # how tables and figures print it
 
@@ -134,7 +134,7 @@ def _find(entries, key: str, value: str, what: str):
 
 
 def kind_of(task_name: str) -> str:
-    """The kind of a task named "<kind>" or "<kind>/<label>[/<sweep point>]"."""
+    """The kind of a task named "<kind>" or "<kind>/<variant>[/<sweep point>]"."""
     return task_name.split("/", 1)[0]
 
 

@@ -10,7 +10,8 @@ Glossary: each word means one thing here, in names, messages, columns and docs a
   a task kind adds its own (``TaskSettings``), a mixer its ``Options`` (seqmix.mixers).
 - kind: what a task does (``mqar``, ``wikitext2``, ``snli``): a ``seqmix.tasks`` ``Task``
   class, one line of ``seqmix.catalogue``.
-- task: one named task of the study, ``<kind>`` or ``<kind>/<label>`` under ``tasks:``; a
+- task: one named task of the study, ``<kind>`` or ``<kind>/<variant>`` under ``tasks:`` (a
+  *variant*: one of several tasks of a kind, each with its own settings, data and runs); a
   ``sweep`` turns it into one task per point of its grid, ``<task>/<point>``
   (``mqar/L64-kv4/d64-lr0.001``), each carrying the values it sets (its ``axes``). The task
   as written is its ``group``: the points of a sweep share its data. ``table.StudyTask``.

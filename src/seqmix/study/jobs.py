@@ -53,7 +53,7 @@ class TrainJob(Section):
     task's settings does not invalidate this run)."""
 
     profile: str
-    task: str  # the task's name: <kind>[/<label>][/<sweep point>]
+    task: str  # the task's name: <kind>[/<variant>][/<sweep point>]
     kind: str
     group: str  # the task before its sweep point; runs of one sweep share its data
     axes: dict[str, Any]  # the sweep's settings at this point ({} outside a sweep)

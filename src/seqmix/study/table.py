@@ -1,7 +1,7 @@
 """A validated study as lists of things to do: its tasks (sweeps expanded), its runs, where
 each run and each task's data live, and the spec every job receives (the words: seqmix.study).
 
-Names: a task is ``<kind>`` or ``<kind>/<label>``; a task with a ``sweep`` becomes one
+Names: a task is ``<kind>`` or ``<kind>/<variant>``; a task with a ``sweep`` becomes one
 task per grid point, ``<task>/<point>`` (e.g. ``mqar/L64-kv4/d64-lr0.001``), whose ``group``
 is the task it came from: the points of a sweep share the group's data directory. A
 result row carries the sweep's axes (``axes``) so that figures can pick the best point.
@@ -67,7 +67,7 @@ def study_tasks(study: Study) -> list[StudyTask]:
         points = sweep_points(section)
         if not points:
             out.append(StudyTask(name, name, kind, section, {}))
-        out += [StudyTask(f"{name}/{label}", name, kind, s, axes) for label, axes, s in points]
+        out += [StudyTask(f"{name}/{point}", name, kind, s, axes) for point, axes, s in points]
     return out
 
 
