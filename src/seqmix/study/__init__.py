@@ -20,6 +20,9 @@ Glossary: each word means one thing here, in names, messages, columns and docs a
 - job: one Snakemake job (train a run, evaluate it, an analysis, a notebook); its *spec* is
   what it reads, a ``*Job`` model of ``jobs`` (``TrainJob`` for a run), given as JSON
   (``--spec``); the *job table* lists every job of a study with its spec (``table.job_table``).
+- repository: the checkout, ``seqmix.REPO_ROOT`` (``REPO`` in the workflow's rules and the
+  tests, ``repo:<path>`` in notebooks/outputs.yaml); ``SRC`` is its ``src/`` folder, the
+  package's code (seqmix.study.dag), and nothing else.
 - title: how a table or a figure prints a name: a mixer's or a task kind's ``title`` in
   ``seqmix.catalogue`` (``catalogue.title(name)``, ``report.style.arch_title``). ``label``
   keeps the meaning its libraries give it: the targets a model is trained to predict

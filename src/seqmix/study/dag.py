@@ -322,7 +322,9 @@ class Jobs:
             return f"{self.results}/{ref}"
         if kind == "runs":
             return self.run_files(rest)
-        if kind == "src":
+        if kind == "src":  # the prefix's name before repo: (src/ is the code's folder, not the repository)
+            raise StudyError(f"error: {where}: {ref!r}: a file of the repository is repo:{rest}")
+        if kind == "repo":
             if rest.endswith(".py"):
                 raise StudyError(f"error: {where}: {ref!r} names code; a notebook's code is what its cells import "
                                  "(seqmix.sources), so list only the data files it reads")
@@ -338,7 +340,7 @@ class Jobs:
             except KeyError as e:
                 raise StudyError(f"error: {where}: {e.args[0]}") from None
         raise StudyError(f"error: {where}: {ref!r} is not a reference; write <file under results_dir>, "
-                         "runs:<file>, src:<path>, (inputs only) analysis:<name> or (a parameter only) config:<key>")
+                         "runs:<file>, repo:<path>, (inputs only) analysis:<name> or (a parameter only) config:<key>")
 
 
 REFERENCE_PREFIX = re.compile(r"^[a-z]+:")
