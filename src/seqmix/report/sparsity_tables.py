@@ -13,9 +13,10 @@ from seqmix.report.latex import escape, pm, table
 from seqmix.report.style import arch_title, ordered
 from seqmix.report.summary import mean_ci
 
-# The score kernels of the closed forms, as the figure labels them, and their colours.
-KERNELS = {"exp": "exp (softmax)", "relu2": "relu$^2$", "identity": "plain linear", "elu1": "elu+1 (non-negative linear)"}
-KERNEL_COLOURS = dict(zip(KERNELS, ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]))
+# The score functions of the closed forms (analysis.su; their files' `kernel` column), as the
+# figure titles them, and their colours.
+SCORE_TITLES = {"exp": "exp (softmax)", "relu2": "relu$^2$", "identity": "plain linear", "elu1": "elu+1 (non-negative linear)"}
+SCORE_COLOURS = dict(zip(SCORE_TITLES, ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]))
 MEASURES = ("attention", "jacobian")  # the row kinds of sparsity.csv
 
 
