@@ -118,7 +118,7 @@ def test_the_choice_cuts_seeds_before_anything_else_and_takes_the_faster_step():
     # The prediction: start-up, steps, periodic and final evaluations, at 1 and 6 jobs.
     one = packing.predict(fast, study, "compiled", seeds=1, slots=6, overhead_s=0)
     train = study.tasks["wikitext2"].train
-    evals = train.steps // train.eval_every * train.eval_batches + packing.final_eval_batches(study, packing._variants(study)[0])
+    evals = train.steps // train.eval_every * train.eval_batches + packing.final_eval_batches(study, packing._tasks(study)[0])
     slowdown = packing.step_ms_at({1: 8.0, 6: 12.0}, 2) / 8.0
     assert one == pytest.approx(20.0 + 18000 * packing.step_ms_at({1: 8.0, 6: 12.0}, 2) / 1e3
                                 + evals * 8.0 / 1e3 * slowdown, abs=0.1)

@@ -143,7 +143,7 @@ def test_the_plan_uses_measured_step_times_and_extrapolates_by_flops_elsewhere(t
 
     study = _study(tmp_path, seeds=[0, 1], architectures=["softmax", "grassmann", "mamba"],
                    **{"tasks.mqar.sweep": {"model.d_model": [16, 32], "train.lr": [1e-3, 3e-3]}})
-    small, large = [v.name for v in study_tasks(study)][0], [v.name for v in study_tasks(study)][-1]
+    small, large = [task.name for task in study_tasks(study)][0], [task.name for task in study_tasks(study)][-1]
     steps = {(p.name, p.spec.arch): p for p in study_points(study)}
     soft = steps[small, "softmax"]
     measured = [{"task": small, "arch": "softmax", "status": "ok", "params": str(soft.step.params), "batch": "4",

@@ -142,15 +142,15 @@ def study_points(study: Study, progress=None) -> list[Point]:
     """Every (sweep point, architecture) of ``study``, its step counted once per cost key."""
     cache: dict[str, StepCost] = {}
     points = []
-    for v in study_tasks(study):
-        for arch in task_architectures(study, v):
-            spec = run_spec(study, v.name, arch, 0)
+    for task in study_tasks(study):
+        for arch in task_architectures(study, task):
+            spec = run_spec(study, task.name, arch, 0)
             key = cost_key(spec)
             if key not in cache:
                 if progress:
-                    progress(f"{v.name} {arch}")
+                    progress(f"{task.name} {arch}")
                 cache[key] = measure_step(spec)
-            points.append(Point(v.group, v.name, spec, cache[key], len(v.section.seeds_for(arch, study.seeds))))
+            points.append(Point(task.group, task.name, spec, cache[key], len(task.section.seeds_for(arch, study.seeds))))
     return points
 
 

@@ -42,9 +42,9 @@ def cost_specs(study: Study) -> list[TrainJob]:
     cached = _SPECS.get(id(study))
     if cached is None or cached[0] is not study:
         specs: dict[str, TrainJob] = {}
-        for v in study_tasks(study):
-            for arch in task_architectures(study, v):
-                spec = run_spec(study, v.name, arch, 0)
+        for task in study_tasks(study):
+            for arch in task_architectures(study, task):
+                spec = run_spec(study, task.name, arch, 0)
                 specs.setdefault(cost_key(spec), spec)
         _SPECS[id(study)] = cached = (study, list(specs.values()))
     return cached[1]
@@ -83,11 +83,11 @@ def crop_problems(study: Study) -> list[str]:
     task whose inputs are all shorter has none to give it."""
     crop, problems = study.analysis.sparsity.crop_len, []
     for name in dict.fromkeys(r.task for r in sparsity_runs(study)):
-        v = next(v for v in study_tasks(study) if v.name == name)
-        cls = task_class(v.kind)
+        task = next(task for task in study_tasks(study) if task.name == name)
+        cls = task_class(task.kind)
         if cls.is_language_model:
             continue
-        longest = cls.without_data(run_spec(study, name, task_architectures(study, v)[0], 0)).sequence_length
+        longest = cls.without_data(run_spec(study, name, task_architectures(study, task)[0], 0)).sequence_length
         if longest is not None and crop > longest:
             problems.append(f"config key 'analysis.sparsity.crop_len' ({crop}) is longer than every input of task "
                             f"'{name}' (at most {longest} tokens): the sparsity analysis would find no held-out "
@@ -170,8 +170,8 @@ def budget_problems(study: Study) -> list[str]:
 def precision_problems(study: Study, has_gpu: bool) -> list[str]:
     if has_gpu:
         return []
-    bf16 = sorted({v.group for v in study_tasks(study) if v.section.train.precision == "bf16"
-                   and v.section.train.device != "cuda"})
+    bf16 = sorted({task.group for task in study_tasks(study) if task.section.train.precision == "bf16"
+                   and task.section.train.device != "cuda"})
     return [f"config key 'tasks.{g}.train.precision' is bf16 but this machine has no GPU, where bf16 autocast "
             "runs many times slower than fp32: set train.precision: fp32 for a CPU run (config/paper-smoke.yaml "
             "does), or run on a GPU" for g in bf16]

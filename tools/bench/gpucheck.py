@@ -124,8 +124,8 @@ def probe_points(s: Setup, baseline: list[dict]) -> list[tuple[str, str]]:
     GPU; every point of the smoke config in the smoke."""
     study = load_study(s.shapes_config)
     wanted = {r["task"] for r in baseline}
-    return [(v.name, arch) for v in study_tasks(study) if s.smoke or v.name in wanted
-            for arch in task_architectures(study, v)]
+    return [(task.name, arch) for task in study_tasks(study) if s.smoke or task.name in wanted
+            for arch in task_architectures(study, task)]
 
 
 def part_train_probe(s: Setup, baseline: list[dict]) -> tuple[list[dict], list[str]]:
@@ -196,10 +196,10 @@ def part_train(s: Setup) -> tuple[list[dict], list[str]]:
         if status != "ok":
             return [{"status": f"data {group}: {status}"}], []
     rows = []
-    for v in study_tasks(study):
-        for arch in task_architectures(study, v)[: 1 if s.smoke else None]:  # the smoke: one, for time
+    for task in study_tasks(study):
+        for arch in task_architectures(study, task)[: 1 if s.smoke else None]:  # the smoke: one, for time
             for compiled in (False, True):
-                spec = run_spec(study, v.name, arch, 0)
+                spec = run_spec(study, task.name, arch, 0)
                 spec = spec.model_copy(update={"train": spec.train.model_copy(update={"compile": compiled}),
                                                "run_dir": spec.run_dir + ("-compiled" if compiled else "")})
                 shutil.rmtree(spec.run_dir, ignore_errors=True)  # a fresh run: its wall time is this one's

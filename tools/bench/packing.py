@@ -294,11 +294,11 @@ def predict(rows: list[dict], study, mode: str, seeds: int, slots: int, overhead
     alone = {r["arch"]: float(r["eval_ms"]) for r in rows if r.get("jobs") == 1 and r.get("eval_ms")}
     ready = {r["arch"]: float(r["ready_s"]) for r in rows if r.get("mode") == mode and r.get("ready_s")
              and r.get("jobs") != 1}
-    (v,) = _variants(study)
-    train = v.section.train
+    (task,) = _tasks(study)
+    train = task.section.train
     jobs = seeds * len(times)
     k = min(slots, jobs)
-    batches = train.steps // train.eval_every * train.eval_batches + final_eval_batches(study, v)
+    batches = train.steps // train.eval_every * train.eval_batches + final_eval_batches(study, task)
     per_run = {}
     for arch, t in times.items():
         t_step = step_ms_at(t, k) / 1e3
@@ -308,22 +308,22 @@ def predict(rows: list[dict], study, mode: str, seeds: int, slots: int, overhead
     return round(overhead_s + runs_time, 1)
 
 
-def _variants(study) -> list:
+def _tasks(study) -> list:
     from seqmix.study.table import study_tasks
 
     return study_tasks(study)
 
 
-def final_eval_batches(study, v) -> int:
+def final_eval_batches(study, task) -> int:
     """Batches of a run's final evaluation (its eval and test splits, whole or capped), from the
     prepared data's manifest; 0 where the data are not prepared."""
     from seqmix.study.table import data_dir
 
     try:
-        splits = json.loads((data_dir(study, v.group) / "manifest.json").read_text())["splits"]
+        splits = json.loads((data_dir(study, task.group) / "manifest.json").read_text())["splits"]
     except (OSError, ValueError, KeyError):
         return 0
-    settings, train = v.section, v.section.train
+    settings, train = task.section, task.section.train
     block = getattr(settings, "block_size", None)
     if block is None:
         return 0
@@ -411,9 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     from seqmix.study.load import load_study
 
     study = load_study(args.config)
-    if len(_variants(study)) != 1:
+    if len(_tasks(study)) != 1:
         p.error(f"{args.config}: the prediction is for a study of one task (the headline); this one has "
-                f"{', '.join(v.name for v in _variants(study))}")
+                f"{', '.join(task.name for task in _tasks(study))}")
     rows = measure(args.config, args.jobs, args.steps, args.window, args.measure_budget_s,
                    tuple(args.modes.split(",")))
     write_csv(Path(args.out), rows, FIELDS)

@@ -99,14 +99,14 @@ def probe_case(config: str, point: str, arch: str, steps: int = 13, timed: int =
     flops = measure_step(spec).train_flops
     peak = peak_bf16(name) if device.type == "cuda" else None
     tokens = int(run["batch"][0].numel())
-    v = study_task(study, point)
+    task = study_task(study, point)
     return [{"task": point, "arch": arch, "status": "ok", "precision": spec.train.precision,
              "d_model": run["size"].d_model, "params": run["size"].params, "batch": spec.train.batch_size,
              "step_ms": round(step_s * 1e3, 2), "tok_per_s": round(tokens / step_s),
              "peak_gib": round(torch.cuda.max_memory_allocated(device) / GIB, 2) if device.type == "cuda" else "",
              "step_tflop": round(flops / 1e12, 3), "mfu": round(flops / step_s / peak, 4) if peak else "",
              "steps": spec.train.steps, "run_hours": round(spec.train.steps * step_s / 3600, 3),
-             "runs_this_point": len(v.section.seeds_for(arch, study.seeds)), "loss": round(run["losses"][-1], 3),
+             "runs_this_point": len(task.section.seeds_for(arch, study.seeds)), "loss": round(run["losses"][-1], 3),
              "paths": run["paths"]}]
 
 

@@ -14,7 +14,8 @@ Glossary: each word means one thing here, in names, messages, columns and docs a
   *variant*: one of several tasks of a kind, each with its own settings, data and runs); a
   ``sweep`` turns it into one task per point of its grid, ``<task>/<point>``
   (``mqar/L64-kv4/d64-lr0.001``), each carrying the values it sets (its ``axes``). The task
-  as written is its ``group``: the points of a sweep share its data. ``table.StudyTask``.
+  as written is its ``group``: the points of a sweep share its data. ``table.StudyTask``,
+  named ``task`` in code (never ``v``).
 - run: one (task, architecture, seed), trained into ``<results_dir>/runs/<task>/<arch>/seed<k>/``;
   its *name* is ``<task>/<arch>/seed<k>`` (``TrainJob.run_name``), its logs' and messages'.
 - job: one Snakemake job (train a run, evaluate it, an analysis, a notebook); its *spec* is

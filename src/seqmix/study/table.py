@@ -72,10 +72,10 @@ def study_tasks(study: Study) -> list[StudyTask]:
 
 
 def study_task(study: Study, name: str) -> StudyTask:
-    for v in study_tasks(study):
-        if v.name == name:
-            return v
-    raise KeyError(f"task {name!r} is not in this study; tasks: {', '.join(v.name for v in study_tasks(study))}")
+    for task in study_tasks(study):
+        if task.name == name:
+            return task
+    raise KeyError(f"task {name!r} is not in this study; tasks: {', '.join(task.name for task in study_tasks(study))}")
 
 
 def groups(study: Study) -> list[str]:
@@ -83,24 +83,24 @@ def groups(study: Study) -> list[str]:
     return list(study.tasks)
 
 
-def task_architectures(study: Study, v: StudyTask) -> list[str]:
+def task_architectures(study: Study, task: StudyTask) -> list[str]:
     """The architectures a task trains: non-causal-only mixers skip language-model tasks."""
-    archs = v.section.architectures or study.architectures
-    if task_class(v.kind).is_language_model:
+    archs = task.section.architectures or study.architectures
+    if task_class(task.kind).is_language_model:
         archs = [a for a in archs if mixer_class(a).supports_causal]
     return list(archs)
 
 
 def _trained(study: Study) -> Iterator[tuple[StudyTask, str, int]]:
-    for v in study_tasks(study):
-        for arch in task_architectures(study, v):
-            for seed in v.section.seeds_for(arch, study.seeds):
-                yield v, arch, seed
+    for task in study_tasks(study):
+        for arch in task_architectures(study, task):
+            for seed in task.section.seeds_for(arch, study.seeds):
+                yield task, arch, seed
 
 
 def runs(study: Study) -> list[Run]:
     """Every (task, arch, seed) the study trains."""
-    return [Run(v.name, arch, seed) for v, arch, seed in _trained(study)]
+    return [Run(task.name, arch, seed) for task, arch, seed in _trained(study)]
 
 
 def run_dir(study: Study, run: Run) -> Path:
@@ -135,21 +135,20 @@ def run_spec(study: Study, task: str, arch: str, seed: int) -> TrainJob:
     return _run_spec(study, study_task(study, task), arch, seed)
 
 
-def _run_spec(study: Study, v: StudyTask, arch: str, seed: int) -> TrainJob:
-    task = v.name
-    if arch not in task_architectures(study, v):
-        raise KeyError(f"architecture {arch!r} does not train on {task!r}; it trains: "
-                       f"{', '.join(task_architectures(study, v))}")
+def _run_spec(study: Study, task: StudyTask, arch: str, seed: int) -> TrainJob:
+    if arch not in task_architectures(study, task):
+        raise KeyError(f"architecture {arch!r} does not train on {task.name!r}; it trains: "
+                       f"{', '.join(task_architectures(study, task))}")
     return TrainJob(
-        profile=study.profile, task=v.name, kind=v.kind, group=v.group, axes=v.axes, arch=arch,
-        seed=int(seed), run_dir=str(run_dir(study, Run(task, arch, seed))),
-        data_dir=str(data_dir(study, v.group)), tokenizer_dir=str(tokenizer_dir(study)),
-        data=study.data, tokenizer=study.tokenizer, train=v.section.train,
+        profile=study.profile, task=task.name, kind=task.kind, group=task.group, axes=task.axes, arch=arch,
+        seed=int(seed), run_dir=str(run_dir(study, Run(task.name, arch, seed))),
+        data_dir=str(data_dir(study, task.group)), tokenizer_dir=str(tokenizer_dir(study)),
+        data=study.data, tokenizer=study.tokenizer, train=task.section.train,
         # The block and positions this architecture trains with, resolved and recorded.
-        model=v.section.model.model_copy(update={"block": v.section.model.block_for(arch),
-                                                 "positions": v.section.model.positions_for(arch)}),
-        mixer_options=task_mixer_options(study, v.section, arch),
-        settings=settings_of(v.kind, v.section).model_dump(mode="json"),
+        model=task.section.model.model_copy(update={"block": task.section.model.block_for(arch),
+                                                    "positions": task.section.model.positions_for(arch)}),
+        mixer_options=task_mixer_options(study, task.section, arch),
+        settings=settings_of(task.kind, task.section).model_dump(mode="json"),
     )
 
 
@@ -186,7 +185,7 @@ def finished(run_dirs: list[str] | list[Path]) -> list[Path]:
 
 
 def language_model_tasks(study: Study) -> list[str]:
-    return [v.name for v in study_tasks(study) if task_class(v.kind).is_language_model]
+    return [task.name for task in study_tasks(study) if task_class(task.kind).is_language_model]
 
 
 def sparsity_runs(study: Study) -> list[Run]:
@@ -197,7 +196,7 @@ def sparsity_runs(study: Study) -> list[Run]:
     spec = study.analysis.sparsity
     all_runs = runs(study)
     tasks = set(spec.tasks or language_model_tasks(study)[:1])
-    group = {v.name: v.group for v in study_tasks(study)}
+    group = {task.name: task.group for task in study_tasks(study)}
     primary = [r for r in all_runs if r.task in tasks or group[r.task] in tasks]
     covered = {r.arch for r in primary}
     missing = [a for a in study.architectures if a not in covered]
@@ -209,7 +208,7 @@ def sparsity_runs(study: Study) -> list[Run]:
 
 def geometry_runs(study: Study) -> list[Run]:
     task = study.analysis.geometry.task or next(iter(language_model_tasks(study)), None)
-    group = {v.name: v.group for v in study_tasks(study)}
+    group = {task.name: task.group for task in study_tasks(study)}
     return [r for r in runs(study) if task in (r.task, group[r.task])]
 
 
@@ -218,10 +217,10 @@ def copy_probe_task(study: Study) -> StudyTask | None:
     ``analysis.copy_probe.task`` (a swept task: its first point), ``auto``: the study's first
     recall task; None when it is null or the study has none (no probe)."""
     chosen = study.analysis.copy_probe.task
-    recall = [v for v in study_tasks(study) if task_class(v.kind).is_recall]
+    recall = [task for task in study_tasks(study) if task_class(task.kind).is_recall]
     if chosen == "auto":
         return next(iter(recall), None)
-    return next((v for v in recall if chosen in (v.name, v.group)), None)
+    return next((task for task in recall if chosen in (task.name, task.group)), None)
 
 
 def copy_probe_architectures(study: Study) -> list[str]:
@@ -276,17 +275,17 @@ def sparsity_job(study: Study, among: list[Run] | None = None) -> SparsityJob:
 
 def copy_probe_job(study: Study) -> CopyProbeJob | None:
     """The copy probe, or None where the study has no MQAR task for it (or it is off)."""
-    v, probe = copy_probe_task(study), study.analysis.copy_probe
-    if v is None:
+    task, probe = copy_probe_task(study), study.analysis.copy_probe
+    if task is None:
         return None
     archs = copy_probe_architectures(study)
     # The task's optimiser but for the probe's own schedule: an edit of the task's lr or
     # steps leaves the probe (and its result) alone.
-    train = v.section.train
+    train = task.section.train
     return CopyProbeJob(
-        task=v.name, architectures=archs,
-        model=v.section.model.model_copy(update={"d_model": probe.d_model, "budget": Budget()}),
-        mixers={a: task_mixer_options(study, v.section, a) for a in archs},
+        task=task.name, architectures=archs,
+        model=task.section.model.model_copy(update={"d_model": probe.d_model, "budget": Budget()}),
+        mixers={a: task_mixer_options(study, task.section, a) for a in archs},
         train=TrainSettings(steps=probe.steps, batch_size=probe.batch_size, lr=probe.lr, warmup_steps=probe.warmup_steps,
                         weight_decay=train.weight_decay, betas=train.betas, min_lr_ratio=train.min_lr_ratio,
                         grad_clip=train.grad_clip, device=train.device, reference_mixers=train.reference_mixers),
@@ -320,7 +319,7 @@ def job_code(study: Study) -> dict[str, Any]:
     def mixers(archs) -> list[str]:
         return [catalogue.mixer_entry(a).path.partition(":")[0] for a in archs]
 
-    pairs = sorted({(arch, v.kind) for v, arch, _ in _trained(study)})
+    pairs = sorted({(arch, task.kind) for task, arch, _ in _trained(study)})
     probe = copy_probe_task(study)
     analyses = {
         "collect": ["seqmix.report.collect"],
@@ -347,10 +346,10 @@ def job_table(study: Study) -> dict[str, Any]:
     """The study as the Snakefile reads it (seqmix.study.dag): path patterns, every task, run and
     analysis with its spec, and the resources each rule declares; plain JSON data. Specs
     are the JSON text each command takes, as pydantic writes it (``--spec``)."""
-    tasks = {v.name: {"group": v.group, "threads": v.section.train.threads,
-                      "resources": {rule: (getattr(v.section.resources, rule) or getattr(study.resources, rule)).model_dump()
-                                    for rule in ("train", "eval")}}
-             for v in study_tasks(study)}
+    tasks = {task.name: {"group": task.group, "threads": task.section.train.threads,
+                         "resources": {rule: (getattr(task.section.resources, rule) or getattr(study.resources, rule)).model_dump()
+                                       for rule in ("train", "eval")}}
+             for task in study_tasks(study)}
     collect, geometry, copy_probe = collect_job(study), geometry_job(study), copy_probe_job(study)
     return {
         "study": study.model_dump(mode="json"),
@@ -361,8 +360,8 @@ def job_table(study: Study) -> dict[str, Any]:
         "groups": {g: {"needs_tokenizer": needs_tokenizer(study, g), "spec": data_job(study, g).model_dump_json()}
                    for g in groups(study)},
         "tasks": tasks,
-        "runs": [{"task": v.name, "arch": arch, "seed": seed, "spec": _run_spec(study, v, arch, seed).model_dump_json()}
-                 for v, arch, seed in _trained(study)],
+        "runs": [{"task": task.name, "arch": arch, "seed": seed, "spec": _run_spec(study, task, arch, seed).model_dump_json()}
+                 for task, arch, seed in _trained(study)],
         "analyses": {
             "collect": {"spec": collect.model_dump_json(), "run_dirs": collect.run_dirs},
             "complexity": {"spec": complexity_job(study).model_dump_json()},
