@@ -18,7 +18,7 @@ the scan's halves are ``torch.library`` custom ops, whose host code the recordin
 place of their fake impls (``compile_jit``).
 
 Not covered: the sparsity and geometry analyses and generation (no kernel there).
-A new kernel is its entry in ``seqmix.kernels.KERNELS`` and its launches in
+A new kernel is its entry in ``seqmix.kernels.registry.KERNELS`` and its launches in
 ``tools.bench.registry.LAUNCHES``.
 """
 

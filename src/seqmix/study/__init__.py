@@ -22,8 +22,8 @@ Glossary: each word means one thing here, in names, messages, columns and docs a
   what it reads, a ``*Job`` model of ``jobs`` (``TrainJob`` for a run), given as JSON
   (``--spec``); the *job table* lists every job of a study with its spec (``table.job_table``).
 - kernel: a fast path of ``kernels/`` (``seqmix.kernels``), registered with the reference it
-  equals in ``seqmix.kernels.KERNELS``. The f of an attention row a_j ∝ f(q·k_j) (exp for
-  softmax, relu², ...) is its *score function* (``analysis.su.SCORE_FUNCTIONS``); only the
+  equals in ``seqmix.kernels.registry.KERNELS``. The f of an attention row a_j ∝ f(q·k_j) (exp
+  for softmax, relu², ...) is its *score function* (``analysis.su.SCORE_FUNCTIONS``); only the
   sparsity analysis's files, as Su does, call it ``kernel`` (sparsity_analytic.csv's column,
   a claim's key), and keep that name.
 - repository: the checkout, ``seqmix.REPO_ROOT`` (``REPO`` in the workflow's rules and the
