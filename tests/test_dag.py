@@ -491,10 +491,10 @@ def test_a_profile_that_extends_another_is_read_with_it():
 def tiny_jobs(tmp_path_factory):
     from seqmix.study.dag import Jobs
     from seqmix.study.load import validate_study
-    from seqmix.study.table import job_table
+    from seqmix.study.table import expand, job_table
 
     root = tmp_path_factory.mktemp("jobs")
-    return Jobs(json.loads(json.dumps(job_table(validate_study(tiny_config(root, None))))))
+    return Jobs(json.loads(json.dumps(job_table(expand(validate_study(tiny_config(root, None)))))))
 
 
 def test_outputs_yaml_references_name_results_runs_sources_and_settings(tiny_jobs):

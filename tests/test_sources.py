@@ -69,11 +69,11 @@ def test_the_report_states_each_runs_commit_and_flags_dirty_and_changed_code():
 
 def test_training_records_the_digests_of_its_sources(prepared_mqar):
     from seqmix.study.load import validate_study
-    from seqmix.study.table import run_spec
+    from seqmix.study.table import expand
     from seqmix.train.loop import run_code as train_code
     from seqmix.train.loop import train
 
-    spec = run_spec(validate_study(prepared_mqar), "mqar", "softmax", 0)
+    spec = expand(validate_study(prepared_mqar)).run_spec("mqar", "softmax", 0)
     train(spec, progress=False)
     code = json.loads((Path(spec.run_dir) / "provenance.json").read_text())["code"]
     assert code["sources"] == digests(closure(run_modules("softmax", "mqar")))

@@ -118,14 +118,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from seqmix.errors import ConfigError
     from seqmix.study.load import load_study
-    from seqmix.study.table import report_dir
+    from seqmix.study.table import expand
 
     try:
-        study = load_study(args.config)
+        expansion = expand(load_study(args.config))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    results, report = Path(study.results_dir), Path(report_dir(study))
+    results, report = Path(expansion.study.results_dir), expansion.report_dir
     if not (report / "report.pdf").is_file() or not (results / "summary" / "runs.csv").is_file():
         print(f"error: {args.config}'s study is not finished here: {report / 'report.pdf'} or "
               f"{results / 'summary' / 'runs.csv'} is missing (run `make report`, or snakemake with "

@@ -45,7 +45,7 @@ from seqmix import REPO_ROOT, catalogue, plan
 from seqmix.device import device_slug
 from seqmix.io import write_csv, write_json, write_text
 from seqmix.study.load import load_study
-from seqmix.study.table import groups, run_spec, study_tasks, task_architectures
+from seqmix.study.table import expand
 from seqmix.train.provenance import git_commit, package_versions
 from tools.bench import kernel_check, kernels, train_probe
 from tools.bench.watchdog import Case, Outcome, run_cases
@@ -122,10 +122,10 @@ def part_kernels(s: Setup) -> tuple[list[dict], list[str]]:
 def probe_points(s: Setup, baseline: list[dict]) -> list[tuple[str, str]]:
     """(task point, arch): the committed H100 table's points (the study's, in its order) on the
     GPU; every point of the smoke config in the smoke."""
-    study = load_study(s.shapes_config)
+    expansion = expand(load_study(s.shapes_config))
     wanted = {r["task"] for r in baseline}
-    return [(task.name, arch) for task in study_tasks(study) if s.smoke or task.name in wanted
-            for arch in task_architectures(study, task)]
+    return [(task.name, arch) for task in expansion.tasks.values() if s.smoke or task.name in wanted
+            for arch in task.architectures]
 
 
 def part_train_probe(s: Setup, baseline: list[dict]) -> tuple[list[dict], list[str]]:
@@ -190,16 +190,16 @@ def part_train(s: Setup) -> tuple[list[dict], list[str]]:
     import shutil
 
     deadline = time.monotonic() + s.budgets["train"]
-    study = load_study(s.train_config)
-    for group in groups(study):
+    expansion = expand(load_study(s.train_config))
+    for group in expansion.groups:
         status = _command(["data", group, "--config", s.train_config], deadline)
         if status != "ok":
             return [{"status": f"data {group}: {status}"}], []
     rows = []
-    for task in study_tasks(study):
-        for arch in task_architectures(study, task)[: 1 if s.smoke else None]:  # the smoke: one, for time
+    for task in expansion.tasks.values():
+        for arch in task.architectures[: 1 if s.smoke else None]:  # the smoke: one, for time
             for compiled in (False, True):
-                spec = run_spec(study, task.name, arch, 0)
+                spec = expansion.run_spec(task.name, arch, 0)
                 spec = spec.model_copy(update={"train": spec.train.model_copy(update={"compile": compiled}),
                                                "run_dir": spec.run_dir + ("-compiled" if compiled else "")})
                 shutil.rmtree(spec.run_dir, ignore_errors=True)  # a fresh run: its wall time is this one's

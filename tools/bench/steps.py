@@ -57,11 +57,14 @@ def _this_checkouts_counter():
 def _build(point: str, arch: str):
     import seqmix
     from seqmix.preflight import solved_size
+    from seqmix.study import table
     from seqmix.study.load import load_study
-    from seqmix.study.table import run_spec
     from seqmix.tasks import task_class
 
-    spec = run_spec(load_study(Path(seqmix.REPO_ROOT) / "config" / "paper.yaml"), point, arch, 0)
+    study = load_study(Path(seqmix.REPO_ROOT) / "config" / "paper.yaml")
+    # this version's run spec: a version before the study's expansion (table.expand) has run_spec
+    spec = (table.expand(study).run_spec(point, arch, 0) if hasattr(table, "expand")
+            else table.run_spec(study, point, arch, 0))
     task = task_class(spec.kind).without_data(spec)
     size = solved_size(spec)
     torch.manual_seed(0)

@@ -6,6 +6,9 @@ Glossary: each word means one thing here, in names, messages, columns and docs a
   ``config/paper.yaml``); it may ``extends:`` another. How Snakemake runs the jobs (local,
   SLURM) is its *executor*: ``workflow/executors/``, passed to ``snakemake --profile``.
 - study: a profile read with the schema's defaults and validated (``settings.Study``).
+- expansion: a study expanded once (``table.expand``, a ``table.Expansion``): its tasks (sweeps
+  expanded), runs and analysis selections, with the paths and specs built from them; made once
+  per process and passed where the study was (the job table, the preflight, the plan).
 - settings: the typed keys of one section of a profile (``TrainSettings`` is ``train:``);
   a task kind adds its own (``TaskSettings``), a mixer its ``Options`` (seqmix.mixers).
 - kind: what a task does (``mqar``, ``wikitext2``, ``snli``): a ``seqmix.tasks`` ``Task``
@@ -36,7 +39,7 @@ Glossary: each word means one thing here, in names, messages, columns and docs a
 
 Modules, bottom up: ``settings`` (the sections), ``jobs`` (the specs), ``sweep`` (a task's
 grid), ``load`` (reading and validating a profile; imports the task and mixer classes, hence
-torch), ``table`` (tasks, runs, paths, specs, the job table), ``dag`` (the job table as the
-Snakefile reads it, without torch). This file imports nothing: ``seqmix.study.settings`` sits
+torch), ``table`` (the expansion: tasks, runs, paths, specs; and the job table), ``dag`` (the
+job table as the Snakefile reads it, without torch). This file imports nothing: ``seqmix.study.settings`` sits
 below the mixers and tasks, ``seqmix.study.dag`` above everything.
 """

@@ -1,7 +1,8 @@
 """The study as the Snakefile sees it, without importing torch.
 
 ``load`` returns the job table of `python -m seqmix jobs` (the validated study, every job's
-spec and code, the path patterns and each rule's resources: ``seqmix.study.table.job_table``).
+spec and code, the path patterns and each rule's resources: ``seqmix.study.table.job_table``
+of the study's ``Expansion``).
 The table is made in a subprocess, which imports the task and mixer classes (torch), and
 cached under ``.snakemake/seqmix/`` with the sha256 of every file it was made from or
 describes: the config files, every module the subprocess imported and every file of every
@@ -25,11 +26,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seqmix import REPO_ROOT, catalogue
 from seqmix.io import sha256_file, yaml_data
 from seqmix.sources import library_dirs
+
+if TYPE_CHECKING:
+    from seqmix.study.table import Expansion
 
 SRC = Path(__file__).resolve().parents[2]  # the src/ this seqmix was imported from
 CACHE_DIR = Path(".snakemake") / "seqmix"  # in Snakemake's working directory
@@ -163,12 +167,12 @@ class Jobs:
     """One study's jobs: paths, specs (as the JSON each command takes) and resources.
 
     Path patterns keep Snakemake's wildcards: ``run_file("model.pt")`` is
-    ``<results>/runs/{task}/{arch}/seed{seed}/model.pt`` (seqmix.study.table.run_dir)."""
+    ``<results>/runs/{task}/{arch}/seed{seed}/model.pt`` (seqmix.study.table.Expansion.run_dir)."""
 
     def __init__(self, table: dict[str, Any]):
         self.table = table
         self.results: str = table["paths"]["results"]
-        self.report: str = table["paths"]["report"]  # the study's own report folder (study.report_dir)
+        self.report: str = table["paths"]["report"]  # the study's own report folder (Expansion.report_dir)
         self._runs = {(r["task"], r["arch"], str(r["seed"])): r for r in table["runs"]}
         self._sparsity = {(r["task"], r["arch"], str(r["seed"])): r for r in table["sparsity_runs"]}
 
@@ -282,12 +286,14 @@ class Jobs:
             value = value[part]
         return value
 
-    def study(self):
-        """The typed, validated study (seqmix.study.settings.Study). This imports the config
-        models, hence torch: for what runs once before the jobs (preflight), not for parsing."""
+    def expansion(self) -> Expansion:
+        """The typed, validated study, expanded (seqmix.study.table.Expansion). This imports the
+        config models, hence torch: for what runs once before the jobs (preflight), not for
+        parsing."""
         from seqmix.study.load import validate_study
+        from seqmix.study.table import expand
 
-        return validate_study(self.table["study"], source="the resolved study")
+        return expand(validate_study(self.table["study"], source="the resolved study"))
 
     # -- notebooks ---------------------------------------------------------------------------
 
