@@ -54,7 +54,7 @@ except ClaimsError as _e:
 onstart:
     from seqmix.preflight import preflight
 
-    _problems = preflight(JOBS.study(), local=workflow.local_exec)
+    _problems = preflight(JOBS.expansion(), local=workflow.local_exec)
     if _problems:
         sys.exit("error: the study would fail at its shapes:\n" + "\n".join(f"  - {p}" for p in _problems))
 

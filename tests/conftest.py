@@ -114,13 +114,14 @@ def tiny_config(root: Path, mirror: Path | None, archs=("softmax", "grassmann"),
 def prepare_all(study) -> None:
     """Prepare the tokenizer (when a task needs it) and every task's data of ``study``."""
     from seqmix.data.tokenizer import prepare_tokenizer
-    from seqmix.study.table import data_job, groups, needs_tokenizer, tokenizer_job
+    from seqmix.study.table import expand
     from seqmix.tasks import task_class
 
-    if any(needs_tokenizer(study, g) for g in groups(study)):
-        prepare_tokenizer(tokenizer_job(study))
-    for g in groups(study):
-        job = data_job(study, g)
+    expansion = expand(study)
+    if any(expansion.needs_tokenizer(g) for g in expansion.groups):
+        prepare_tokenizer(expansion.tokenizer_job())
+    for g in expansion.groups:
+        job = expansion.data_job(g)
         task_class(job.kind).prepare(job)
 
 

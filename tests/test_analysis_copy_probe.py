@@ -13,7 +13,7 @@ from seqmix.analysis import copy_probe
 from seqmix.io import columns
 from seqmix.study.dag import Jobs
 from seqmix.study.load import ConfigError, validate_study
-from seqmix.study.table import copy_probe_job, job_table
+from seqmix.study.table import expand, job_table
 
 from .conftest import tiny_config
 
@@ -41,8 +41,8 @@ def test_the_label_at_t_is_the_token_at_t_minus_1():
 
 def test_softmax_learns_to_copy_and_an_untrained_model_stays_at_chance(tmp_path):
     torch.set_num_threads(1)
-    trained = copy_probe.probe(copy_probe_job(tiny_study(tmp_path)), "softmax")
-    frozen = copy_probe.probe(copy_probe_job(tiny_study(tmp_path, lr=1e-9)), "softmax")
+    trained = copy_probe.probe(expand(tiny_study(tmp_path)).copy_probe_job(), "softmax")
+    frozen = copy_probe.probe(expand(tiny_study(tmp_path, lr=1e-9)).copy_probe_job(), "softmax")
     assert trained["chance"] == frozen["chance"] == 1 / 16
     assert trained["accuracy"] > 0.9 and trained["loss"] < 0.5
     assert frozen["accuracy"] < 2 * frozen["chance"] and frozen["loss"] > 2.5  # ln 16 = 2.77
@@ -56,7 +56,7 @@ def test_the_held_out_tokens_are_not_the_training_tokens():
 
 
 def test_the_csv_has_the_documented_columns(tmp_path):
-    job = copy_probe_job(tiny_study(tmp_path, archs=("softmax", "tssa"), steps=2, eval_sequences=8))
+    job = expand(tiny_study(tmp_path, archs=("softmax", "tssa"), steps=2, eval_sequences=8)).copy_probe_job()
     out = tmp_path / "copy_probe.csv"
     assert copy_probe.write_copy_probe(job, out, threads=1, progress=False) == 2
     table = pd.read_csv(out)
@@ -72,7 +72,7 @@ def test_the_probe_takes_the_mqar_tasks_model_and_mixer_options(tmp_path):
     cfg["tasks"]["mqar"]["mixers"] = {"softmax": {"n_heads": 1}}
     cfg["tasks"]["mqar"]["train"]["lr"] = 5e-4  # the task's own schedule is not the probe's
     del cfg["analysis"]["copy_probe"]  # the defaults
-    job = copy_probe_job(validate_study(cfg))
+    job = expand(validate_study(cfg)).copy_probe_job()
     assert job.task == "mqar" and job.architectures == ["softmax", "gla"]
     assert job.mixers["softmax"]["n_heads"] == 1 and job.train.lr == 3e-3 and job.train.steps == 300
     softmax, gla = copy_probe.build_model(job, "softmax"), copy_probe.build_model(job, "gla")
@@ -96,9 +96,9 @@ def test_without_a_recall_task_there_is_no_probe_and_the_recall_notebook_does_no
     off["analysis"]["copy_probe"] = {"task": None}
     snli_only = {"architectures": ["softmax"], "seeds": [0], "tasks": {"snli": {}}}
     for study in (validate_study(off), validate_study(snli_only)):
-        assert copy_probe_job(study) is None
-        jobs = Jobs(job_table(study))
+        assert expand(study).copy_probe_job() is None
+        jobs = Jobs(job_table(expand(study)))
         assert not jobs.has_analysis("copy_probe")
         assert not [f for f in jobs.notebooks()["recall"].inputs if f.endswith("copy_probe.csv")]
-    on = Jobs(job_table(tiny_study(tmp_path)))
+    on = Jobs(job_table(expand(tiny_study(tmp_path))))
     assert f"{on.results}/analysis/copy_probe.csv" in on.notebooks()["recall"].inputs

@@ -185,13 +185,13 @@ def test_sparsity_measures_every_architecture_of_the_quick_config():
     import yaml
 
     from seqmix.study.load import validate_study
-    from seqmix.study.table import sparsity_runs
+    from seqmix.study.table import expand
 
     from .conftest import REPO
 
     raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     study = validate_study(raw)
-    measured = sparsity_runs(study)
+    measured = expand(study).sparsity_runs
     assert {r.arch for r in measured} == set(study.architectures)
     tasks = study.analysis.sparsity.tasks
     assert all(r.task in tasks for r in measured if mixers.mixer_class(r.arch).supports_causal)
@@ -201,13 +201,13 @@ def test_sparsity_measures_every_architecture_of_the_quick_config():
     raw["architectures"] = [*raw["architectures"], "linformer"]
     raw["tasks"]["snli"] = {"train_file": "train_sample_1pct"}
     study = validate_study(raw)
-    measured = sparsity_runs(study)
+    measured = expand(study).sparsity_runs
     noncausal = {r.arch for r in measured if not mixers.mixer_class(r.arch).supports_causal}
     assert noncausal == {"linformer"} and {(r.task, r.seed) for r in measured if r.arch in noncausal} == {
         ("snli", s) for s in study.seeds}
     without = study.model_copy(update={"analysis": study.analysis.model_copy(update={
         "sparsity": study.analysis.sparsity.model_copy(update={"fallback_task": None})})})
-    assert not noncausal & {r.arch for r in sparsity_runs(without)}
+    assert not noncausal & {r.arch for r in expand(without).sparsity_runs}
 
 
 def test_heldout_pairs_are_cropped_without_padding():

@@ -226,7 +226,7 @@ def test_analytic_curves_table():
         a = r["lambda"] ** np.arange(r["n"] - 1, -1, -1, dtype=float)
         assert r["S"] == pytest.approx(a.mean() / math.sqrt((a * a).mean()), abs=1e-12), r
     mc = [r for r in rows if r["method"] == "monte_carlo"]
-    assert sorted(r["kernel"] for r in mc) == sorted(su.KERNELS)
+    assert sorted(r["kernel"] for r in mc) == sorted(su.SCORE_FUNCTIONS)
     assert all((r["beta"], r["gamma"], r["n"], r["rows"]) == (0.0, 1.0, 16, 10) for r in mc)
     assert all(1 / math.sqrt(16) <= r["S"] <= 1 and r["S_se"] > 0 for r in mc)
 

@@ -17,7 +17,7 @@ from seqmix import catalogue
 from seqmix.models.blocks import Block, build_blocks, norm_class
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.study.load import ConfigError, validate_study
-from seqmix.study.table import run_spec
+from seqmix.study.table import expand
 
 from .conftest import tiny_config
 
@@ -295,16 +295,16 @@ def _study(tmp_path, block=None, archs=("softmax", "crate", "tssa", "mamba")):
 def test_every_run_records_the_block_it_trains_in(tmp_path):
     study = _study(tmp_path)
     for arch in ("softmax", "crate", "tssa", "mamba"):
-        spec = run_spec(study, "mqar", arch, 0)
+        spec = expand(study).run_spec("mqar", arch, 0)
         assert spec.model.block == catalogue.mixer_entry(arch).block
         assert f'"block":"{spec.model.block}"' in spec.model_dump_json()
 
 
 def test_a_config_can_force_one_block_or_choose_per_architecture(tmp_path):
     forced = _study(tmp_path, "post")
-    assert {run_spec(forced, "mqar", a, 0).model.block for a in ("softmax", "crate", "tssa", "mamba")} == {"post"}
+    assert {expand(forced).run_spec("mqar", a, 0).model.block for a in ("softmax", "crate", "tssa", "mamba")} == {"post"}
     mixed = _study(tmp_path, {"default": "pre", "mamba": "native", "crate": "post"})
-    got = {a: run_spec(mixed, "mqar", a, 0).model.block for a in ("softmax", "crate", "tssa", "mamba")}
+    got = {a: expand(mixed).run_spec("mqar", a, 0).model.block for a in ("softmax", "crate", "tssa", "mamba")}
     assert got == {"softmax": "pre", "crate": "post", "tssa": "pre", "mamba": "pre_rms"}
 
 

@@ -16,17 +16,17 @@ from seqmix.sources import imported_names
 
 from .conftest import REPO
 
-SRC = REPO / "src" / "seqmix"
+PACKAGE = REPO / "src" / "seqmix"
 MAX_FUNCTION_LINES = 60
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
@@ -74,7 +74,7 @@ def test_the_cycle_finder_finds_cycles():
 
 def test_no_function_is_longer_than_60_lines():
     long = []
-    for path in sorted(SRC.rglob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
@@ -105,14 +105,14 @@ def _string_literals(path: Path) -> list[tuple[int, str]]:
 
 
 def _code_files() -> list[Path]:
-    return sorted(SRC.rglob("*.py")) + sorted((REPO / "notebooks").glob("*.ipynb")) + [
+    return sorted(PACKAGE.rglob("*.py")) + sorted((REPO / "notebooks").glob("*.ipynb")) + [
         REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]
 
 
 def _owners_of_task(kind: str) -> set[Path]:
     """The task's own module and the data layer may name a task kind."""
-    own = SRC / "tasks" / f"{kind}.py"
-    return {own, *(SRC / "data").rglob("*.py"), SRC / "catalogue.py"}
+    own = PACKAGE / "tasks" / f"{kind}.py"
+    return {own, *(PACKAGE / "data").rglob("*.py"), PACKAGE / "catalogue.py"}
 
 
 @pytest.mark.parametrize("kind", catalogue.task_kinds())
@@ -134,10 +134,10 @@ def test_no_code_names_a_task_kind_outside_its_owners(kind):
 @pytest.mark.parametrize("name", catalogue.mixer_names())
 def test_a_mixer_name_lives_in_the_catalogue_and_its_own_module(name):
     module = catalogue.mixer_entry(name).path.partition(":")[0]
-    own = SRC.parent / (module.replace(".", "/") + ".py")
+    own = PACKAGE.parent / (module.replace(".", "/") + ".py")
     found = []
     for path in _code_files():
-        if path in (own, SRC / "catalogue.py"):
+        if path in (own, PACKAGE / "catalogue.py"):
             continue
         if path.suffix in (".py", ".ipynb"):
             hits = [line for line, value in _string_literals(path) if value == name]

@@ -9,7 +9,7 @@ import yaml
 
 from seqmix import REPO_ROOT
 from seqmix.study.load import ConfigError, load_study, validate_study
-from seqmix.study.table import run_spec, runs
+from seqmix.study.table import expand
 
 MINIMAL = {"tasks": {"mqar": {}}, "architectures": ["softmax"], "seeds": [0]}
 
@@ -27,7 +27,7 @@ def test_defaults_are_filled_from_the_schema():
 @pytest.mark.parametrize("path", ["config/config.yaml", "config/paper.yaml"])
 def test_shipped_configs_are_valid(path):
     cfg = load_study(REPO_ROOT / path)
-    assert runs(cfg)
+    assert expand(cfg).runs
 
 
 def test_unknown_key_is_named_with_the_allowed_ones():
@@ -66,7 +66,7 @@ def test_training_on_the_evaluation_split_is_refused():
 
 def test_runs_cover_task_arch_seed_and_skip_noncausal_lm():
     cfg = validate_study({"tasks": {"mqar": {}, "snli": {}}, "architectures": ["softmax", "linformer"], "seeds": [0, 1]})
-    got = runs(cfg)
+    got = expand(cfg).runs
     assert ("snli", "linformer", 1) in got
     assert not any(t == "mqar" and a == "linformer" for t, a, _ in got)
     assert len(got) == 2 * 2 + 1 * 2
@@ -78,7 +78,7 @@ def test_a_task_gives_seeds_per_architecture_and_refuses_bad_ones():
     cfg = validate_study({"tasks": {"mqar": {"seeds": {"default": [0], "softmax": [0, 1, 2]}},
                                      "mqar/b": {"seeds": {"grassmann": [4]}}},
                            "architectures": ["softmax", "grassmann"], "seeds": [7]})
-    assert runs(cfg) == [("mqar", "softmax", 0), ("mqar", "softmax", 1), ("mqar", "softmax", 2), ("mqar", "grassmann", 0),
+    assert list(expand(cfg).runs) == [("mqar", "softmax", 0), ("mqar", "softmax", 1), ("mqar", "softmax", 2), ("mqar", "grassmann", 0),
                          ("mqar/b", "softmax", 7), ("mqar/b", "grassmann", 4)]
     for seeds, message in (({"softmx": [0]}, "unknown architecture(s) softmx in seeds"),
                            ({"softmax": [1, 1]}, "distinct seeds >= 0, got [1, 1]"), ([], "non-empty list")):
@@ -88,7 +88,7 @@ def test_a_task_gives_seeds_per_architecture_and_refuses_bad_ones():
 
 def test_run_spec_holds_only_its_task():
     cfg = validate_study({"tasks": {"mqar": {}, "snli": {}}, "architectures": ["softmax"], "seeds": [3]})
-    spec = run_spec(cfg, "mqar", "softmax", 3)
+    spec = expand(cfg).run_spec("mqar", "softmax", 3)
     assert spec.run_dir.endswith("runs/mqar/softmax/seed3")
     assert "train_file" not in spec.settings and spec.settings["seq_len"] == 64  # snli's settings are not part of it
 

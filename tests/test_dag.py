@@ -491,10 +491,10 @@ def test_a_profile_that_extends_another_is_read_with_it():
 def tiny_jobs(tmp_path_factory):
     from seqmix.study.dag import Jobs
     from seqmix.study.load import validate_study
-    from seqmix.study.table import job_table
+    from seqmix.study.table import expand, job_table
 
     root = tmp_path_factory.mktemp("jobs")
-    return Jobs(json.loads(json.dumps(job_table(validate_study(tiny_config(root, None))))))
+    return Jobs(json.loads(json.dumps(job_table(expand(validate_study(tiny_config(root, None)))))))
 
 
 def test_outputs_yaml_references_name_results_runs_sources_and_settings(tiny_jobs):
@@ -503,12 +503,14 @@ def test_outputs_yaml_references_name_results_runs_sources_and_settings(tiny_job
     results = tiny_jobs.results
     assert tiny_jobs.reference("summary/runs.csv") == f"{results}/summary/runs.csv"
     assert tiny_jobs.reference("runs:log.csv") == [f"{results}/runs/mqar/{a}/seed0/log.csv" for a in ("softmax", "grassmann")]
-    assert tiny_jobs.reference("src:paper/claims.yaml") == str(REPO / "paper" / "claims.yaml")
-    assert tiny_jobs.reference("src:paper/*.yaml") == sorted(str(p) for p in (REPO / "paper").glob("*.yaml"))
-    assert tiny_jobs.reference("src:results/bench/no-such-*.csv") == []
+    assert tiny_jobs.reference("repo:paper/claims.yaml") == str(REPO / "paper" / "claims.yaml")
+    assert tiny_jobs.reference("repo:paper/*.yaml") == sorted(str(p) for p in (REPO / "paper").glob("*.yaml"))
+    assert tiny_jobs.reference("repo:results/bench/no-such-*.csv") == []
     assert tiny_jobs.reference("config:profile", param=True) == "test"
     with pytest.raises(StudyError, match="'bench:kernels.csv' is not a reference"):
         tiny_jobs.reference("bench:kernels.csv")
+    with pytest.raises(StudyError, match="a file of the repository is repo:paper/claims.yaml"):
+        tiny_jobs.reference("src:paper/claims.yaml")  # the prefix's old name, refused with the new one
     with pytest.raises(StudyError, match="is not a reference"):
         tiny_jobs.reference("config:profile")  # a setting is a parameter, not a file
     with pytest.raises(StudyError, match="'report.nothing' is not a setting"):

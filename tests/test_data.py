@@ -15,7 +15,7 @@ from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
 from seqmix.io import sha256_file
 from seqmix.study.load import validate_study
 from seqmix.study.settings import DataSettings
-from seqmix.study.table import data_job
+from seqmix.study.table import expand
 from seqmix.tasks import task_class
 
 
@@ -83,7 +83,7 @@ def test_prepared_mqar_has_a_manifest_that_catches_corruption(tmp_path):
     cfg = validate_study({"tasks": {"mqar": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2,
                                               "num_train": 20, "num_test": 5}},
                            "architectures": ["softmax"], "seeds": [0], "data": {"dir": str(tmp_path)}})
-    info = task_class("mqar").prepare(data_job(cfg, "mqar"))
+    info = task_class("mqar").prepare(expand(cfg).data_job("mqar"))
     assert info["splits"]["train"]["examples"] == 20
     manifest = read_manifest(tmp_path / "mqar", "mqar")
     assert set(manifest["files"]) == {"train.npz", "validation.npz", "test.npz"}

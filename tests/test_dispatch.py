@@ -139,12 +139,12 @@ def test_a_kernel_whose_backward_fails_falls_back_before_the_graph_is_built():
 
 def mamba_run(prepared_mqar: dict, root: Path, reference_mixers: bool):
     from seqmix.study.load import validate_study
-    from seqmix.study.table import run_spec
+    from seqmix.study.table import expand
 
     cfg = copy.deepcopy(prepared_mqar)
     cfg["results_dir"], cfg["architectures"] = str(root), ["mamba"]
     cfg["tasks"]["mqar"]["train"].update(steps=2, eval_every=2, checkpoint_every=2, reference_mixers=reference_mixers)
-    return run_spec(validate_study(cfg), "mqar", "mamba", 0)
+    return expand(validate_study(cfg)).run_spec("mqar", "mamba", 0)
 
 
 def test_a_compiled_call_takes_the_path_an_eager_call_resolved():

@@ -28,7 +28,7 @@ GUIDE = GUIDE_PAGE[GUIDE_PAGE.index("## Adding a mixer"):GUIDE_PAGE.index("## Ad
 # Step 2's entry and step 4's command, as the guide prints them.
 ENTRY = re.search(r"```python\n\s*(MixerEntry\(.*?\),)\n\s*```", GUIDE, re.S).group(1)
 TEST_COMMAND = re.search(r"`(python -m pytest tests/test_mixers\.py -k \w+)`", GUIDE).group(1)
-NAME, PATH, LABEL = (re.search(rf'{key}="([^"]+)"', ENTRY).group(1) for key in ("name", "path", "label"))
+NAME, PATH, TITLE = (re.search(rf'{key}="([^"]+)"', ENTRY).group(1) for key in ("name", "path", "title"))
 
 # Step 1: a module in a package of its own, with an option bounded in its metadata.
 PLUGIN = textwrap.dedent('''
@@ -129,7 +129,7 @@ def extended(tmp_path_factory):
 
 
 def test_the_readmes_steps_are_the_ones_this_test_takes():
-    assert (NAME, LABEL) == ("mymixer", "My mixer") and PATH.endswith(":MyMixer")
+    assert (NAME, TITLE) == ("mymixer", "My mixer") and PATH.endswith(":MyMixer")
     assert f"mixers: {{{NAME}: {{...}}}}" in GUIDE and TEST_COMMAND.endswith(f"-k {NAME}")
 
 
@@ -157,7 +157,7 @@ def test_a_13th_mixer_is_trained_analysed_and_drawn(extended):
     for csv in ("complexity.csv", "sparsity.csv"):
         assert NAME in set(pd.read_csv(work / "results" / "analysis" / csv).arch), csv
     text = report_text(work)
-    assert text.count(LABEL) >= 3  # quality, complexity and sparsity tables
+    assert text.count(TITLE) >= 3  # quality, complexity and sparsity tables
     for name in ("complexity", "quality", "sparsity", "geometry", "claims"):
         assert (work / "results" / "notebooks" / f"{name}.ipynb").exists(), name
 

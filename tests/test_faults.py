@@ -40,7 +40,7 @@ from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
 from seqmix.io import FileError, read_json, write_json
 from seqmix.study.load import ConfigError, validate_study
 from seqmix.study.settings import MIRROR_ENV, DataSettings
-from seqmix.study.table import data_job, run_spec
+from seqmix.study.table import expand
 from seqmix.tasks import task_class
 from seqmix.train import checkpoint, loop
 from seqmix.train.evaluate import evaluate_run
@@ -70,7 +70,7 @@ def spec_of(cfg: dict, results: Path, **train):
     cfg = json.loads(json.dumps(cfg))
     cfg["results_dir"] = str(results)
     cfg["tasks"]["mqar"]["train"].update(train)
-    return run_spec(validate_study(cfg), "mqar", "softmax", 0)
+    return expand(validate_study(cfg)).run_spec("mqar", "softmax", 0)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def study(tmp_path_factory) -> dict:
     """The MQAR config with its data prepared once for the module."""
     root = tmp_path_factory.mktemp("faults")
     cfg = mqar_config(root)
-    job = data_job(validate_study(cfg), "mqar")
+    job = expand(validate_study(cfg)).data_job("mqar")
     task_class(job.kind).prepare(job)
     return cfg
 
@@ -697,7 +697,7 @@ def test_results_have_the_mode_the_umask_gives(study, tmp_path, umask):
         loop.train(spec, progress=False)
         evaluate_run(Path(spec.run_dir), device="cpu")
         cfg = mqar_config(tmp_path)
-        job = data_job(validate_study(cfg), "mqar")
+        job = expand(validate_study(cfg)).data_job("mqar")
         task_class(job.kind).prepare(job)
         with seqmix_io.exclusive_lock(tmp_path / "data" / "mqar" / ".prepare.lock", "data"):
             pass
@@ -908,7 +908,7 @@ def test_a_block_longer_than_a_wikitext_split_fails_before_step_one(tmp_path, ca
     cfg = tiny_config(tmp_path, None, archs=("softmax",))
     cfg["tasks"] = {"wikitext2": {"block_size": block, **{k: cfg["tasks"]["mqar"][k] for k in ("model", "train")}}}
     cfg["analysis"]["sparsity"]["tasks"] = ["wikitext2"]
-    spec = run_spec(validate_study(cfg), "wikitext2", "softmax", 0)
+    spec = expand(validate_study(cfg)).run_spec("wikitext2", "softmax", 0)
     assert cli(["train", "--quiet", "--spec", spec.model_dump_json()]) == 3
     tokens = {"train": 50, "validation": 10}[short]
     manifest = tmp_path / "data" / "wikitext2" / "manifest.json"

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from seqmix.kernels import triton_kernels
+from seqmix.kernels.registry import triton_kernels
 
 from seqmix.plan import read_step_times
 from seqmix.report.complexity_tables import read_kernel_benchmarks

@@ -14,7 +14,7 @@ import yaml
 
 from seqmix.preflight import solved_size
 from seqmix.study.load import load_study, read_config_file
-from seqmix.study.table import run_spec, runs
+from seqmix.study.table import expand
 from tools.bench import packing
 
 from .conftest import REPO, tiny_config
@@ -43,17 +43,18 @@ def test_the_headline_runs_are_the_paper_profiles_wikitext2_runs():
     assert headline.profile == "paper-headline" and headline.results_dir == "results/paper-headline"
     assert list(headline.tasks) == ["wikitext2"] and headline.architectures == ["softmax", "grassmann"]
     assert headline.seeds and headline.seeds == [0, 1, 2][: len(headline.seeds)]  # a cut keeps the first
-    assert [(r.arch, r.seed) for r in runs(headline)] == [(a, s) for a in headline.architectures for s in headline.seeds]
-    for run in runs(headline):
-        mine = flatten(json.loads(run_spec(headline, run.task, run.arch, run.seed).model_dump_json()))
-        theirs = flatten(json.loads(run_spec(paper, run.task, run.arch, run.seed).model_dump_json()))
+    ours, papers = expand(headline), expand(paper)
+    assert [(r.arch, r.seed) for r in ours.runs] == [(a, s) for a in headline.architectures for s in headline.seeds]
+    for run in ours.runs:
+        mine = flatten(json.loads(ours.run_spec(*run).model_dump_json()))
+        theirs = flatten(json.loads(papers.run_spec(*run).model_dump_json()))
         assert set(mine) == set(theirs)
         differ = {k for k in mine if mine[k] != theirs[k]}
         assert differ <= NOT_THE_TASK, {k: (mine[k], theirs[k]) for k in differ - NOT_THE_TASK}
         assert mine["settings.block_size"] == 128 and mine["train.batch_size"] == 32
         assert mine["train.steps"] == 18000 and mine["settings.eval_max_tokens"] is None
     for arch in headline.architectures:  # the seed does not change the size
-        size = solved_size(run_spec(headline, "wikitext2", arch, headline.seeds[0]))
+        size = solved_size(ours.run_spec("wikitext2", arch, headline.seeds[0]))
         assert abs(size.params - 13_000_000) <= 0.01 * 13_000_000, (arch, size.params)
 
 
@@ -101,31 +102,32 @@ def measured(eager: tuple[float, float, float, float], compiled: tuple[float, fl
 
 def test_the_choice_cuts_seeds_before_anything_else_and_takes_the_faster_step():
     study = load_study(HEADLINE)
+    expansion = expand(study)
     # The committed H100 eager step times alone, and six together as slow as one alone:
     # 18,000 Grassmann steps alone take 7.9 min, so no seed fits 7 min; the choice says so.
     slow = measured((17.9, 17.9, 26.3, 26.3))
-    choice = packing.choose(slow, study, 6, budget_s=420, overhead_s=40)
+    choice = packing.choose(slow, expansion, 6, budget_s=420, overhead_s=40)
     assert not choice["fits"] and choice["seeds"] == [0] and not choice["compile"]
     # A compiled step 3x faster, and packing that costs each run 50 %: three seeds fit.
     fast = measured((17.9, 17.9, 26.3, 26.3), (6.0, 9.0, 8.0, 12.0))
-    choice = packing.choose(fast, study, 6, budget_s=420, overhead_s=40)
+    choice = packing.choose(fast, expansion, 6, budget_s=420, overhead_s=40)
     assert choice["fits"] and choice["compile"] and choice["seeds"] == [0, 1, 2] and choice["slots_per_gpu"] == 6
     assert choice["packing_gain"] == {"softmax": 4.0, "grassmann": 4.0} and choice["recommended_slots_per_gpu"] == 6
     # Packing that slows each run down sixfold gains nothing: one at a time, and fewer seeds.
     crowded = measured((17.9, 107.4, 26.3, 157.8), (6.0, 36.0, 8.0, 48.0))
-    choice = packing.choose(crowded, study, 6, budget_s=420, overhead_s=40)
+    choice = packing.choose(crowded, expansion, 6, budget_s=420, overhead_s=40)
     assert choice["recommended_slots_per_gpu"] == 1 and choice["seeds"] == [0]
     # The prediction: start-up, steps, periodic and final evaluations, at 1 and 6 jobs.
-    one = packing.predict(fast, study, "compiled", seeds=1, slots=6, overhead_s=0)
+    one = packing.predict(fast, expansion, "compiled", seeds=1, slots=6, overhead_s=0)
     train = study.tasks["wikitext2"].train
-    evals = train.steps // train.eval_every * train.eval_batches + packing.final_eval_batches(study, packing._variants(study)[0])
+    evals = train.steps // train.eval_every * train.eval_batches + packing.final_eval_batches(expansion, packing._tasks(expansion)[0])
     slowdown = packing.step_ms_at({1: 8.0, 6: 12.0}, 2) / 8.0
     assert one == pytest.approx(20.0 + 18000 * packing.step_ms_at({1: 8.0, 6: 12.0}, 2) / 1e3
                                 + evals * 8.0 / 1e3 * slowdown, abs=0.1)
     # Fewer slots than runs: waves of that many runs, each as long as its slowest run.
-    wave = packing.predict(fast, study, "compiled", seeds=1, slots=2, overhead_s=0)
-    assert packing.predict(fast, study, "compiled", seeds=3, slots=2, overhead_s=0) == pytest.approx(3 * wave, abs=0.2)
-    assert packing.choose([], study, 6, 420, 40)["measured"] is False
+    wave = packing.predict(fast, expansion, "compiled", seeds=1, slots=2, overhead_s=0)
+    assert packing.predict(fast, expansion, "compiled", seeds=3, slots=2, overhead_s=0) == pytest.approx(3 * wave, abs=0.2)
+    assert packing.choose([], expansion, 6, 420, 40)["measured"] is False
 
 
 @pytest.mark.parametrize("config", [HEADLINE, SMOKE])
@@ -208,7 +210,7 @@ def test_the_headline_smoke_runs_through_the_dag_on_one_fake_gpu(tmp_path, mirro
     study = load_study(SMOKE)
     results = work / study.results_dir / "runs" / "wikitext2"
     slots = []
-    for run in runs(study):
+    for run in expand(study).runs:
         d = results / run.arch / f"seed{run.seed}"
         metrics, prov = (json.loads((d / f).read_text()) for f in ("metrics.json", "provenance.json"))
         assert metrics["status"] == "ok" and metrics["steps_completed"] == 2

@@ -7,9 +7,9 @@ profiles, ``bench kernels`` and the kernel tests make (issue 24), on a machine w
 
 The check runs in a subprocess: the kernels must be defined outside the Triton interpreter,
 which tests/test_kernels.py switches on for the whole pytest process when it is collected.
-A kernel is added to the check by its entry in the library's registry, ``seqmix.kernels.KERNELS``,
-and its launches in ``tools.bench.registry.LAUNCHES`` (see there),
-which the kernel bench reads too.
+A kernel is added to the check by its entry in the library's registry,
+``seqmix.kernels.registry.KERNELS``, and its launches in ``tools.bench.registry.LAUNCHES`` (see
+there), which the kernel bench reads too.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_tssa_kernels_compile_at_the_bench_launches(tmp_path):
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm80_and_sm90_at_every_launch(tmp_path):
-    from seqmix.kernels import triton_kernels
+    from seqmix.kernels.registry import triton_kernels
 
     from tools.bench.registry import CASES as BENCH_CASES
 
@@ -119,16 +119,18 @@ def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_doe
 
 def test_every_triton_kernel_module_is_in_the_check():
     """Each kernels/*.py with a ``@triton.jit`` kernel is a Triton kernel of the library's
-    registry, ``seqmix.kernels.KERNELS``, by its module, and the tools launch each at its tests'
-    shapes (``tools.bench.registry.LAUNCHES``): Mamba's scan, merged from another branch, once
-    had no launches, and the check never compiled it."""
+    registry, ``seqmix.kernels.registry.KERNELS``, by its module, and the tools launch each at
+    its tests' shapes (``tools.bench.registry.LAUNCHES``): Mamba's scan, merged from another
+    branch, once had no launches, and the check never compiled it."""
     from pathlib import Path
+
+    from seqmix.kernels.registry import triton_kernels
 
     from seqmix import kernels
     from tools.bench import registry
 
     with_jit = {p.stem for p in Path(kernels.__file__).parent.glob("*.py") if "@triton.jit" in p.read_text()}
-    triton = kernels.triton_kernels()
+    triton = triton_kernels()
     assert with_jit == set(triton), (with_jit, sorted(triton))
     assert all(k.module == f"seqmix.kernels.{name}" for name, k in triton.items())
     assert set(registry.kernel_launches()) == set(triton)  # it refuses otherwise: see below
@@ -138,7 +140,7 @@ def test_every_triton_kernel_module_is_in_the_check():
         with pytest.raises(LookupError, match="new_kernel is not registered there"):
             registry.kernel_launches()
         mp.setattr(registry, "LAUNCHES", {k: v for k, v in orphan.items() if k not in ("tssa", "new_kernel")})
-        with pytest.raises(LookupError, match="must launch every Triton kernel of seqmix.kernels.KERNELS: add tssa"):
+        with pytest.raises(LookupError, match="must launch every Triton kernel of seqmix.kernels.registry.KERNELS: add tssa"):
             registry.kernel_launches()
 
 

@@ -1,6 +1,7 @@
-"""The one registry of fast paths, ``seqmix.kernels.KERNELS``: each fast path lives on the
-kernels' side and its plain reference in a mixer module, both import, and the test module it
-names compares the two (it names both). The comparisons themselves are in those modules."""
+"""The one registry of fast paths, ``seqmix.kernels.registry.KERNELS``: each fast path lives on
+the kernels' side and its plain reference in a mixer module, both import, and the test module
+it names compares the two (it names both). The comparisons themselves are in those modules.
+The registry is a module of its own, in no run's code: editing it retrains nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import importlib
 import re
 
 import pytest
-from seqmix.kernels import KERNELS, triton_kernels
+from seqmix.kernels.registry import KERNELS, triton_kernels
 
 from .conftest import REPO
 
@@ -42,3 +43,22 @@ def test_no_mixer_module_holds_a_hand_written_scan_of_mamba():
     source = (REPO / "src" / "seqmix" / "mixers" / "mamba.py").read_text()
     assert "def selective_scan_reference(" in source
     assert "autograd.Function" not in source and "def _scan_gradients" not in source
+
+
+def test_the_registry_is_in_no_runs_code_and_the_package_init_holds_nothing():
+    # Every module of seqmix.kernels imports the package's __init__, so that file is part of
+    # the code of every run that takes a kernel (seqmix.sources): a registry there would make
+    # each edit of it retrain GLA, Performer and Mamba. It is a module of its own instead.
+    import ast
+
+    from seqmix import catalogue
+    from seqmix.sources import EVALUATION, TRAINING, Reader, run_modules
+
+    init, registry = (REPO / "kernels" / name for name in ("__init__.py", "registry.py"))
+    reader = Reader()
+    codes = [reader.code(run_modules(arch, kind, step)).files for arch in catalogue.mixer_names()
+             for kind in catalogue.task_kinds() for step in (TRAINING, EVALUATION)]
+    assert any(init.resolve() in files for files in codes)  # the check can see a kernels/ file
+    assert not [files for files in codes if registry.resolve() in files]
+    body = ast.parse(init.read_text()).body
+    assert len(body) == 1 and isinstance(body[0], ast.Expr), "kernels/__init__.py: a docstring, nothing else"

@@ -19,7 +19,7 @@ from seqmix import catalogue, fingerprint, numerics
 from seqmix.report import collect, quality_tables
 from seqmix.study import dag
 from seqmix.study.load import validate_study
-from seqmix.study.table import job_table, run_spec
+from seqmix.study.table import expand, job_table
 from tests.conftest import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,13 +115,13 @@ def test_the_study_setting_reaches_every_job_and_the_run_identity(tmp_path):
 
     cfg = tiny_config(tmp_path, None)
     assert validate_study(cfg).numerics == numerics.DEFAULT
-    tables = {mode: job_table(validate_study({**cfg, "numerics": mode})) for mode in numerics.MODES}
+    tables = {mode: job_table(expand(validate_study({**cfg, "numerics": mode}))) for mode in numerics.MODES}
     for mode, table in tables.items():
         assert table["study"]["numerics"] == mode and dag.Jobs(table).numerics == mode
         specs = [r["spec"] for r in table["runs"]]
         assert specs and all(json.loads(s)["numerics"] == mode for s in specs)
     # Two modes train to other bits: a checkpoint of one is not resumed by the other.
-    a, b = (run_spec(validate_study({**cfg, "numerics": m}), "mqar", "softmax", 0) for m in numerics.MODES)
+    a, b = (expand(validate_study({**cfg, "numerics": m})).run_spec("mqar", "softmax", 0) for m in numerics.MODES)
     assert spec_hash(a) != spec_hash(b)
     with pytest.raises(Exception, match="numerics"):
         validate_study({**cfg, "numerics": "fast"})

@@ -16,7 +16,7 @@ from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.plan import measure_step, plan_rows, totals
 from seqmix.preflight import budget_problems, complexity_problems, precision_problems
 from seqmix.study.load import validate_study
-from seqmix.study.table import run_spec, runs
+from seqmix.study.table import expand
 from seqmix.tasks import task_class
 
 from .conftest import REPO, tiny_config
@@ -50,7 +50,7 @@ def test_the_step_is_counted_on_the_real_model(tmp_path):
     token, plus SDPA's QKᵀ and AV, forward; the backward pass twice that for the linear
     layers, and for SDPA its five products (the scores recomputed: 2.5 × its forward)."""
     study = _study(tmp_path, **{"tasks.mqar.model.d_ff_mult": 4.0, "tasks.mqar.train.batch_size": 4})
-    spec = run_spec(study, "mqar", "softmax", 0)
+    spec = expand(study).run_spec("mqar", "softmax", 0)
     step = measure_step(spec)
     d, L, B, V = 16, 16, 4, 32
     linear = 4 * d * d + 2 * d * 4 * d  # q, k, v, o and the MLP, one layer
@@ -77,7 +77,7 @@ def test_step_memory_extended_from_two_small_batches_matches_the_batch(tmp_path,
     batch 64 it falls earlier in the backward pass than at batch 2 or 3 (the activations
     outweigh the gradients), where extending the small batches' peaks falls short."""
     study = _study(tmp_path, **{"architectures": [arch], "tasks.mqar.train.batch_size": batch})
-    spec = run_spec(study, "mqar", arch, 0)
+    spec = expand(study).run_spec("mqar", arch, 0)
     task = task_class(spec.kind).without_data(spec)
     model = CausalLM(LMConfig(arch=arch, vocab_size=32, max_len=16, d_model=16, n_layers=1, d_ff_mult=4.0,
                               block=spec.model.block, mixer_options=spec.mixer_options)).eval()
@@ -94,7 +94,7 @@ def test_the_peak_is_extended_where_it_falls_at_the_batch(tmp_path):
     """A model whose gradients outweigh a small batch's activations: at batches 2 and 3 the
     peak falls at the end of the backward pass, at batch 256 early in it. Extending the small
     batches' peaks misses a third of it; extending every moment does not."""
-    spec = run_spec(_study(tmp_path, **{"tasks.mqar.train.batch_size": 256}), "mqar", "softmax", 0)
+    spec = expand(_study(tmp_path, **{"tasks.mqar.train.batch_size": 256})).run_spec("mqar", "softmax", 0)
     task = task_class(spec.kind).without_data(spec)
     model = CausalLM(LMConfig(arch="softmax", vocab_size=256, max_len=16, d_model=128, n_layers=2, d_ff_mult=0,
                               block="pre", mixer_options=spec.mixer_options)).eval()
@@ -108,7 +108,7 @@ def test_the_peak_is_extended_where_it_falls_at_the_batch(tmp_path):
 def test_a_training_step_beyond_the_machines_memory_is_refused(tmp_path, monkeypatch):
     from seqmix.train.loop import memory_problem
 
-    spec = run_spec(_study(tmp_path), "mqar", "mamba", 0)
+    spec = expand(_study(tmp_path)).run_spec("mqar", "mamba", 0)
     task = task_class(spec.kind).without_data(spec)
     model = CausalLM(LMConfig(arch="mamba", vocab_size=32, max_len=16, d_model=16, n_layers=1, block="pre_rms"))
     assert memory_problem(task, model, 4, torch.device("cpu")) is None
@@ -119,10 +119,10 @@ def test_a_training_step_beyond_the_machines_memory_is_refused(tmp_path, monkeyp
 
 def test_the_plan_adds_up_runs_tokens_and_flops(tmp_path):
     study = _study(tmp_path, seeds=[0, 1])
-    rows = plan_rows(study, mfu=0.5, peak=1e12)
+    rows = plan_rows(expand(study), mfu=0.5, peak=1e12)
     assert {(r["task"], r["arch"]) for r in rows} == {("mqar", "softmax"), ("mqar", "mamba")}
-    assert sum(r["runs"] for r in rows) == len(runs(study)) == 4
-    spec = run_spec(study, "mqar", "softmax", 0)
+    assert sum(r["runs"] for r in rows) == len(expand(study).runs) == 4
+    spec = expand(study).run_spec("mqar", "softmax", 0)
     step = measure_step(spec)
     row = next(r for r in rows if r["arch"] == "softmax")
     evals = spec.train.steps // spec.train.eval_every
@@ -139,12 +139,10 @@ def test_the_plan_uses_measured_step_times_and_extrapolates_by_flops_elsewhere(t
     point's MFU; a measurement of another model is not used (and said so); an architecture
     with none takes the assumed MFU."""
     from seqmix.plan import markdown, study_points
-    from seqmix.study.table import study_tasks
-
     study = _study(tmp_path, seeds=[0, 1], architectures=["softmax", "grassmann", "mamba"],
                    **{"tasks.mqar.sweep": {"model.d_model": [16, 32], "train.lr": [1e-3, 3e-3]}})
-    small, large = [v.name for v in study_tasks(study)][0], [v.name for v in study_tasks(study)][-1]
-    steps = {(p.name, p.spec.arch): p for p in study_points(study)}
+    small, large = list(expand(study).tasks)[0], list(expand(study).tasks)[-1]
+    steps = {(p.name, p.spec.arch): p for p in study_points(expand(study))}
     soft = steps[small, "softmax"]
     measured = [{"task": small, "arch": "softmax", "status": "ok", "params": str(soft.step.params), "batch": "4",
                  "precision": "fp32", "step_ms": "10.0"},
@@ -152,7 +150,7 @@ def test_the_plan_uses_measured_step_times_and_extrapolates_by_flops_elsewhere(t
                  "step_ms": "10.0"},
                 {"task": small, "arch": "mamba", "status": "failed: RuntimeError: x"}]
     peak, notes = 1e12, []
-    rows = {r["arch"]: r for r in plan_rows(study, mfu=0.5, peak=peak, measured=measured, notes=notes)}
+    rows = {r["arch"]: r for r in plan_rows(expand(study), mfu=0.5, peak=peak, measured=measured, notes=notes)}
     spec, step = soft.spec, soft.step
     mfu = step.train_flops / 0.010 / peak  # what the measured step time gives
     evals = spec.train.steps // spec.train.eval_every
@@ -187,7 +185,7 @@ def test_plan_costs_the_runs_from_the_step_times_in_its_measured_directory(tmp_p
     config = tmp_path / "plan.yaml"
     config.write_text(yaml.safe_dump(raw))
     study = validate_study(raw)
-    spec = run_spec(study, "mqar", "softmax", 0)
+    spec = expand(study).run_spec("mqar", "softmax", 0)
     step = measure_step(spec)
     measured = tmp_path / "bench"
     measured.mkdir()
@@ -219,9 +217,9 @@ def test_the_committed_h100_step_times_are_the_paper_profiles_models():
 
     rows = [r for r in read_step_times(REPO / MEASURED_DIR) if r["status"] == "ok"]
     assert len(rows) >= 11, f"{REPO / MEASURED_DIR} holds the H100's measured step times"
-    study = load_study(str(REPO / "config" / "paper.yaml"))
+    expansion = expand(load_study(str(REPO / "config" / "paper.yaml")))
     for r in rows:
-        spec = run_spec(study, r["task"], r["arch"], 0)
+        spec = expansion.run_spec(r["task"], r["arch"], 0)
         planned = (solved_size(spec).params, spec.train.batch_size, spec.train.precision)
         assert (int(r["params"]), int(r["batch"]), r["precision"]) == planned, (r["task"], r["arch"])
 
@@ -231,10 +229,10 @@ def test_a_budget_that_cannot_be_met_is_refused_before_any_job(tmp_path):
     tolerance tighter than their gap is refused, naming the key and the counts."""
     budget = {"params": 17000, "tolerance": 0.01, "width_step": 16, "ffn_step": 1}
     study = _study(tmp_path, **{"tasks.mqar.model.budget": budget})
-    problems = budget_problems(study)  # mamba: 11,520 at d 32, 22,080 at d 48
+    problems = budget_problems(expand(study))  # mamba: 11,520 at d 32, 22,080 at d 48
     assert len(problems) == 1 and problems[0].startswith("config key 'tasks.mqar.model.budget' (mamba)")
     assert "cannot be met" in problems[0] and "width_step" in problems[0]
-    softmax = measure_step(run_spec(study, "mqar", "softmax", 0))  # its d_ff was refined
+    softmax = measure_step(expand(study).run_spec("mqar", "softmax", 0))  # its d_ff was refined
     assert abs(softmax.params / 17000 - 1) <= 0.01
 
 
@@ -255,15 +253,15 @@ def test_the_feed_forward_refinement_lands_within_tolerance():
 
 def test_bf16_without_a_gpu_is_refused(tmp_path):
     study = _study(tmp_path, **{"tasks.mqar.train.precision": "bf16"})
-    (problem,) = precision_problems(study, has_gpu=False)
+    (problem,) = precision_problems(expand(study), has_gpu=False)
     assert problem.startswith("config key 'tasks.mqar.train.precision' is bf16") and "fp32" in problem
-    assert precision_problems(study, has_gpu=True) == []
+    assert precision_problems(expand(study), has_gpu=True) == []
 
 
 def test_a_complexity_length_beyond_the_machines_memory_is_refused(tmp_path):
     study = _study(tmp_path, **{"analysis.complexity.architectures": ["mamba"]})
-    assert complexity_problems(study, available_bytes=64 * GIB) == []
-    (problem,) = complexity_problems(study, available_bytes=1000)
+    assert complexity_problems(expand(study), available_bytes=64 * GIB) == []
+    (problem,) = complexity_problems(expand(study), available_bytes=1000)
     assert "analysis.complexity.lengths' reaches L = 32" in problem and "mamba" in problem
 
 
@@ -366,11 +364,11 @@ def test_every_rule_size_the_dag_hands_out_has_memory_and_runtime(tmp_path):
     """What resources_of gives a rule: both keys, for every size the config names."""
     from seqmix.study.dag import Jobs
     from seqmix.study.load import validate_study
-    from seqmix.study.table import job_table
+    from seqmix.study.table import expand, job_table
 
     from .conftest import tiny_config
 
-    jobs = Jobs(job_table(validate_study(tiny_config(tmp_path, None))))
+    jobs = Jobs(job_table(expand(validate_study(tiny_config(tmp_path, None)))))
     for rule in jobs.table["resources"]:
         assert set(jobs.resources(rule)) == {"mem_mb", "runtime"}, rule
 
@@ -416,18 +414,18 @@ def test_a_block_longer_than_a_prepared_split_is_refused_with_the_train_jobs_mes
     expected = (f"config key 'tasks.wikitext2.block_size' (16) is too long for the validation split (eval_split): "
                 f"it has 10 tokens ({manifest}) and needs at least 17; set block_size <= 9, or choose a longer "
                 "split for 'eval_split'")
-    assert shape_problems(study, local=False) == [expected]
+    assert shape_problems(expand(study), local=False) == [expected]
     with pytest.raises(DataError) as e:  # the train job's own check, should the data change after
-        make_task(run_spec(study, "wikitext2", "softmax", 0))
+        make_task(expand(study).run_spec("wikitext2", "softmax", 0))
     assert str(e.value) == expected
-    assert shape_problems(validate_study(_wikitext_study(tmp_path, None, 9)), local=False) == []
+    assert shape_problems(expand(validate_study(_wikitext_study(tmp_path, None, 9))), local=False) == []
 
 
 def test_a_block_longer_than_the_raw_files_is_refused_before_the_data_are_prepared(tmp_path, mirror):
     from seqmix.preflight import shape_problems
 
     study = validate_study(_wikitext_study(tmp_path, mirror, 3_000_000))
-    problems = shape_problems(study, local=False)
+    problems = shape_problems(expand(study), local=False)
     valid, test = (mirror / "wikitext-2-raw" / f"{s}.txt" for s in ("valid", "test"))
     assert [p.split(":")[0] for p in problems] == ["config key 'tasks.wikitext2.block_size' (3000000) is too long "
                                                    f"for the {s} split ({k}_split)" for s, k in
@@ -437,7 +435,7 @@ def test_a_block_longer_than_the_raw_files_is_refused_before_the_data_are_prepar
             f"bytes; the data are not prepared yet) and needs at least 3,000,001; set block_size <= {size - 1} at "
             "the very most") in problems[0]
     assert str(test) in problems[1]
-    assert shape_problems(validate_study(_wikitext_study(tmp_path, mirror, 1_000_000)), local=False) == []
+    assert shape_problems(expand(validate_study(_wikitext_study(tmp_path, mirror, 1_000_000))), local=False) == []
 
 
 def test_the_raw_files_bound_the_prepared_token_counts(prepared):
@@ -446,7 +444,7 @@ def test_the_raw_files_bound_the_prepared_token_counts(prepared):
     from seqmix.data.wikitext import _raw_bounds, split_tokens
 
     study = validate_study(prepared)
-    spec = run_spec(study, "wikitext2", "softmax", 0)
+    spec = expand(study).run_spec("wikitext2", "softmax", 0)
     exact = split_tokens(spec.data_dir, spec.data, spec.tokenizer_dir)
     bounds = _raw_bounds(spec.data)
     assert set(exact) == set(bounds) == {"train", "validation", "test"}
@@ -478,18 +476,18 @@ def test_a_step_whose_activations_alone_exceed_the_memory_is_refused_from_its_sh
     study = _study(tmp_path)
     # batch 4 x 16 tokens x d 16 x 2 layer outputs (embedding, one block) x 4 bytes = 8,192 bytes
     monkeypatch.setattr(measure, "available_memory", lambda device: 8_192.0)
-    assert shape_problems(study) == []
+    assert shape_problems(expand(study)) == []
     monkeypatch.setattr(measure, "available_memory", lambda device: 8_191.0)
-    problems = shape_problems(study)
+    problems = shape_problems(expand(study))
     assert len(problems) == 2 and problems[0].startswith(
         "a training step of mqar/softmax keeps at least 0.0 GiB of activations (batch 4 x 16 tokens x d_model 16 "
         "x 2 layer outputs, 4 bytes each) and this machine has 0.0 GiB: lower config key 'tasks.mqar.seq_len' or "
         "'tasks.mqar.train.batch_size'")
-    assert shape_problems(study, local=False) == []  # jobs elsewhere: not this machine's memory
+    assert shape_problems(expand(study), local=False) == []  # jobs elsewhere: not this machine's memory
     # The plan counts the step here at batches up to 3: 6,144 bytes of activations at least.
     monkeypatch.setattr(measure, "available_memory", lambda device: 6_143.0)
     with pytest.raises(ConfigError, match="cannot count it: a training step of mqar/softmax keeps at least"):
-        measure_step(run_spec(study, "mqar", "softmax", 0))  # the plan counts here: refused before building
+        measure_step(expand(study).run_spec("mqar", "softmax", 0))  # the plan counts here: refused before building
 
 
 @pytest.mark.parametrize("arch", ["softmax", "grassmann", "linear", "performer", "sliding_window", "bigbird", "gla",
@@ -497,7 +495,7 @@ def test_a_step_whose_activations_alone_exceed_the_memory_is_refused_from_its_sh
 def test_the_activation_floor_is_below_what_a_step_keeps(tmp_path, arch):
     """The floor the preflight refuses on is a lower bound: every block leaves a fresh
     (B, L, d) tensor that the backward pass reads."""
-    spec = run_spec(_study(tmp_path, **{"architectures": [arch], "tasks.mqar.model.n_layers": 2}), "mqar", arch, 0)
+    spec = expand(_study(tmp_path, **{"architectures": [arch], "tasks.mqar.model.n_layers": 2})).run_spec("mqar", arch, 0)
     task = task_class(spec.kind).without_data(spec)
     model = task.build_model(spec.model.d_model, spec.model.n_layers)
     small = measure.small_steps(lambda b: task.loss(model, task.example_batch(b, "cpu")), model)
@@ -514,12 +512,12 @@ def test_a_sparsity_crop_longer_than_an_encoder_tasks_inputs_is_refused(tmp_path
     cfg["tasks"]["snli"] = {"train_file": "train_head_1024", "max_sentence_tokens": 8,
                             **{k: cfg["tasks"]["mqar"][k] for k in ("model", "train")}}
     cfg["analysis"]["sparsity"].update(tasks=["mqar"], crop_len=20)  # linformer's runs are SNLI's
-    (problem,) = shape_problems(validate_study(cfg), local=False)
+    (problem,) = shape_problems(expand(validate_study(cfg)), local=False)
     assert problem == ("config key 'analysis.sparsity.crop_len' (20) is longer than every input of task 'snli' "
                        "(at most 19 tokens): the sparsity analysis would find no held-out input to crop; set "
                        "crop_len <= 19")
     cfg["analysis"]["sparsity"]["crop_len"] = 19
-    assert shape_problems(validate_study(cfg), local=False) == []
+    assert shape_problems(expand(validate_study(cfg)), local=False) == []
 
 
 def test_an_evaluation_cap_below_one_block_is_refused_at_validation(tmp_path):

@@ -25,7 +25,7 @@ from seqmix.study.load import (
     task_section_model,
 )
 from seqmix.study.settings import StudyFile
-from seqmix.study.table import run_dir, runs
+from seqmix.study.table import expand
 
 from .conftest import REPO
 
@@ -116,7 +116,7 @@ def test_the_cli_reads_the_same_profile():
     out = subprocess.run([sys.executable, "-m", "seqmix", "runs", "--config", str(PAPER)], capture_output=True,
                          text=True, check=True, cwd=REPO).stdout.split()
     study = load_study(PAPER)
-    assert len(out) == len(runs(study)) and out[0].startswith("results/paper/runs/")
+    assert len(out) == len(expand(study).runs) and out[0].startswith("results/paper/runs/")
 
 
 def test_the_job_table_holds_the_same_profile():
@@ -160,7 +160,8 @@ def test_snakemake_passes_the_paper_profile_key_by_key(paper_dry_run):
     assert not re.search(r'eval_max_tokens":32768|eval_max_examples":2000|jacobian_sequences":2[,}]', paper_dry_run)
     study, loaded = resolved(PAPER), load_study(PAPER)
     (collect,) = _json_args(paper_dry_run, "collect", "--spec")
-    assert collect == {"run_dirs": [str(run_dir(loaded, r)) for r in runs(loaded)]}
+    expansion = expand(loaded)
+    assert collect == {"run_dirs": [str(expansion.run_dir(r)) for r in expansion.runs]}
     sparsity = _json_args(paper_dry_run, "sparsity", "--spec")
     assert sparsity and all(s["sparsity"] == study["analysis"]["sparsity"] and len(s["run_dirs"]) == 1 for s in sparsity)
     for command, section in (("complexity", "complexity"), ("sparsity-analytic", None), ("geometry", "geometry"),
@@ -168,6 +169,6 @@ def test_snakemake_passes_the_paper_profile_key_by_key(paper_dry_run):
         (spec,) = _json_args(paper_dry_run, command, "--spec")
         assert (spec[section] if section else spec) == study["analysis"][section or "sparsity_analytic"], command
     specs = _json_args(paper_dry_run, "train", "--spec")
-    assert len(specs) == len(runs(load_study(PAPER)))
+    assert len(specs) == len(expansion.runs)
     assert {(s["task"].split("/")[0], s["arch"], s["model"]["block"]) for s in specs if s["task"] == "wikitext2"} == {
         ("wikitext2", a, catalogue.mixer_entry(a).block) for a in study["architectures"] if mixer_class(a).supports_causal}

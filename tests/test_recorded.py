@@ -49,15 +49,15 @@ def write_config(path: Path, cfg: dict) -> Path:
 def study(prepared, tmp_path_factory) -> Path:
     """The tiny headline study trained and evaluated (two architectures x two seeds); its config file."""
     from seqmix.study.load import load_study
-    from seqmix.study.table import run_spec, runs
+    from seqmix.study.table import expand
     from seqmix.train.evaluate import evaluate_run
     from seqmix.train.loop import train
 
     root = tmp_path_factory.mktemp("headline")
     config = write_config(root / "headline.yaml", headline_config(prepared, root))
-    s = load_study(config)
-    for r in runs(s):
-        spec = run_spec(s, r.task, r.arch, r.seed)
+    expansion = expand(load_study(config))
+    for r in expansion.runs:
+        spec = expansion.run_spec(r.task, r.arch, r.seed)
         train(spec, progress=False)
         evaluate_run(spec.run_dir, device="cpu")
     return config

@@ -304,7 +304,7 @@ def test_sparsity_table_and_macros():
     tex = sparsity_tables.sparsity_table(sp)
     assert "Softmax & WikiText-2 & 0.550 $\\pm$ 0.635" in tex  # seeds 0.5 and 0.6: t interval of two
     # Measured on its encoder task, which the legend says; the others on the main task.
-    assert [sparsity_tables.measured_label(sp, a) for a in ("linformer", "softmax")] == ["Linformer (SNLI)", "Softmax"]
+    assert [sparsity_tables.measured_title(sp, a) for a in ("linformer", "softmax")] == ["Linformer (SNLI)", "Softmax"]
     assert "Linformer & SNLI & 0.750" in tex
     an = pd.DataFrame([dict(method="closed_form", kernel=k, beta=b, gamma=g, S=s) for k, s in (("identity", 0.9), ("exp", 0.1),
                        ("relu2", 0.3)) for b in (-1.0, 0.0) for g in (0.5, 1.0)] + [dict(method="monte_carlo", kernel="exp", n=100)])

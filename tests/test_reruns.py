@@ -19,7 +19,7 @@ import yaml
 from seqmix import sources
 from seqmix.sources import Code, file_digest
 from seqmix.study.load import validate_study
-from seqmix.study.table import run_spec
+from seqmix.study.table import expand
 from seqmix.train import loop
 
 from .conftest import tiny_config
@@ -97,7 +97,7 @@ def test_a_runs_code_is_narrow():
 def spec(prepared_mqar, tmp_path):
     cfg = json.loads(json.dumps(prepared_mqar))
     cfg["results_dir"] = str(tmp_path / "results")
-    return run_spec(validate_study(cfg), "mqar", "softmax", 0)
+    return expand(validate_study(cfg)).run_spec("mqar", "softmax", 0)
 
 
 def other_code(monkeypatch) -> None:
@@ -158,7 +158,7 @@ def test_a_run_planned_with_other_code_fails_before_any_step(spec):
                            "--code", "f" * 16], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: the code of run {spec.label} changed after the workflow planned it (planned digest {'f' * 16}, "
+        f"error: the code of run {spec.run_name} changed after the workflow planned it (planned digest {'f' * 16}, "
         f"this checkout's {planned}): run the workflow again, which plans it with the code as it is now")
     assert not (Path(spec.run_dir) / "model.pt").exists()
 

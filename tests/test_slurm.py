@@ -300,11 +300,11 @@ KILL_SETTINGS = dict(steps=2000, checkpoint_every=50, eval_every=500, log_every=
 def uninterrupted(work: Path, cfg: dict) -> Path:
     """The same run trained in one go, without SLURM, in work/reference."""
     from seqmix.study.load import validate_study
-    from seqmix.study.table import run_spec
+    from seqmix.study.table import expand
 
     ref = copy.deepcopy(cfg)
     ref["results_dir"] = "reference"
-    spec = run_spec(validate_study(ref), "mqar", "softmax", 0)
+    spec = expand(validate_study(ref)).run_spec("mqar", "softmax", 0)
     proc = subprocess.run([sys.executable, "-m", "seqmix", "train", "--quiet", "--spec", spec.model_dump_json()],
                           cwd=work, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

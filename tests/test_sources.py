@@ -14,7 +14,7 @@ from seqmix.report.collect import code_of
 from seqmix.report.quality_tables import code_text
 from seqmix.sources import changed, closure, digests, run_modules
 
-SRC = REPO_ROOT / "src" / "seqmix"
+PACKAGE = REPO_ROOT / "src" / "seqmix"
 
 
 def names(paths) -> set[str]:
@@ -40,11 +40,11 @@ def test_a_library_installed_inside_the_checkout_is_not_the_projects(tmp_path, m
     venv = REPO_ROOT / ".venv-test-sources" / "lib" / "site-packages"
     monkeypatch.setattr(sources, "library_dirs", lambda: frozenset({venv.resolve()}))
     assert not sources.of_this_project(venv / "torch" / "__init__.py")
-    assert sources.of_this_project(SRC / "io.py") and sources.of_this_project(tmp_path / "mymixer.py")
+    assert sources.of_this_project(PACKAGE / "io.py") and sources.of_this_project(tmp_path / "mymixer.py")
 
 
 def test_a_run_made_by_other_code_is_told_apart(tmp_path, monkeypatch):
-    made = digests([SRC / "mixers" / "softmax.py", SRC / "catalogue.py"])
+    made = digests([PACKAGE / "mixers" / "softmax.py", PACKAGE / "catalogue.py"])
     assert set(made) == {"src/seqmix/mixers/softmax.py", "src/seqmix/catalogue.py"}
     assert changed(made) == []
     assert changed({**made, "src/seqmix/catalogue.py": "0" * 64}) == ["src/seqmix/catalogue.py"]
@@ -69,11 +69,11 @@ def test_the_report_states_each_runs_commit_and_flags_dirty_and_changed_code():
 
 def test_training_records_the_digests_of_its_sources(prepared_mqar):
     from seqmix.study.load import validate_study
-    from seqmix.study.table import run_spec
+    from seqmix.study.table import expand
     from seqmix.train.loop import run_code as train_code
     from seqmix.train.loop import train
 
-    spec = run_spec(validate_study(prepared_mqar), "mqar", "softmax", 0)
+    spec = expand(validate_study(prepared_mqar)).run_spec("mqar", "softmax", 0)
     train(spec, progress=False)
     code = json.loads((Path(spec.run_dir) / "provenance.json").read_text())["code"]
     assert code["sources"] == digests(closure(run_modules("softmax", "mqar")))

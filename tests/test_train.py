@@ -20,7 +20,7 @@ import torch
 
 from seqmix.models.budget import solve_budget
 from seqmix.study.load import validate_study
-from seqmix.study.table import run_spec
+from seqmix.study.table import expand
 from seqmix.tasks import make_task
 from seqmix.train.evaluate import evaluate_run
 from seqmix.train.loop import LOG_FIELDS, train
@@ -32,7 +32,7 @@ def spec_for(prepared: dict, task: str, arch: str, root: Path, **train_overrides
     cfg = copy.deepcopy(prepared)
     cfg["results_dir"] = str(root)
     cfg["tasks"][task]["train"].update(train_overrides)
-    return run_spec(validate_study(cfg), task, arch, 0)
+    return expand(validate_study(cfg)).run_spec(task, arch, 0)
 
 
 # What the tiny config's final evaluation scores on each split: WikiText-2 stops at its cap
@@ -98,7 +98,7 @@ def test_an_uncapped_evaluation_scores_the_whole_split(request, tmp_path, task):
     cfg["results_dir"] = str(tmp_path)
     cfg["tasks"][task].pop("eval_max_tokens", None)
     cfg["tasks"][task].pop("eval_max_examples", None)
-    spec = run_spec(validate_study(cfg), task, "softmax", 0)
+    spec = expand(validate_study(cfg)).run_spec(task, "softmax", 0)
     t = make_task(spec)
     model = t.build_model(16, 1).eval()
     sizes = split_sizes(spec)
@@ -209,7 +209,7 @@ def test_the_seeds_of_a_point_share_its_data_and_differ_in_init_and_batches(prep
     cfg = copy.deepcopy(prepared_mqar)
     cfg["results_dir"], cfg["seeds"] = str(tmp_path), [0, 1]
     study = validate_study(cfg)
-    specs = [run_spec(study, "mqar", "softmax", s) for s in (0, 1)]
+    specs = [expand(study).run_spec("mqar", "softmax", s) for s in (0, 1)]
     assert specs[0].data_dir == specs[1].data_dir and specs[0].settings == specs[1].settings
     assert specs[0].settings["data_seed"] == 1234 and specs[0].run_dir != specs[1].run_dir
     tasks = [make_task(s) for s in specs]

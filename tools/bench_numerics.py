@@ -47,16 +47,16 @@ def _worker() -> int:
 
     from seqmix import fingerprint
     from seqmix.study.load import load_study
-    from seqmix.study.table import run_spec, runs
+    from seqmix.study.table import expand
     from seqmix.train import provenance
 
     torch.set_num_threads(1)
-    study = load_study(REPO / "config" / "config.yaml")
+    expansion = expand(load_study(REPO / "config" / "config.yaml"))
     planned: dict[tuple[str, str], int] = {}
-    for r in runs(study):
+    for r in expansion.runs:
         key = (r.task, r.arch)
-        planned[key] = planned.get(key, 0) + run_spec(study, r.task, r.arch, r.seed).train.steps
-    cases = [(task, arch, fingerprint.trainer(run_spec(study, task, arch, 0))) for task, arch in planned]
+        planned[key] = planned.get(key, 0) + expansion.run_spec(r.task, r.arch, r.seed).train.steps
+    cases = [(task, arch, fingerprint.trainer(expansion.run_spec(task, arch, 0))) for task, arch in planned]
     provenance.configure(environment={k: os.environ[k] for k in numerics.VARIABLES if k in os.environ})
     state = provenance.numerics_record()
     _say({"cases": [{"task": t, "arch": a, "d_model": c.spec.model.d_model, "batch": c.spec.train.batch_size,

@@ -38,7 +38,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from seqmix.study.jobs import TrainJob
 from seqmix.study.load import load_study
-from seqmix.study.table import job_table
+from seqmix.study.table import expand, job_table
 from seqmix.tasks import make_task
 from seqmix.train.loop import build_for_spec
 from seqmix.train.provenance import cpu_name
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
                    help="write the table (headed by commit and machine) between this file's markers, or as the file")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    runs = job_table(load_study(a.config))["runs"]
+    runs = job_table(expand(load_study(a.config)))["runs"]
     first_seed = {}
     for r in runs:
         first_seed.setdefault((r["task"], r["arch"]), r)

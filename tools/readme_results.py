@@ -53,7 +53,7 @@ def draw(results: Path, images: Path) -> list[tuple[str, str]]:
     """The README's figures as PNGs under ``images``: (alt text, file) of each."""
     import matplotlib.pyplot as plt
 
-    from seqmix.catalogue import label as task_label
+    from seqmix.catalogue import title as task_title
     from seqmix.report.quality_tables import draw_test_metric
     from seqmix.report.recall_tables import best_by_width, draw_width, selection_text, width_groups
     from seqmix.report.style import apply_style, palette, save_figure
@@ -72,14 +72,14 @@ def draw(results: Path, images: Path) -> list[tuple[str, str]]:
             draw_test_metric(ax, runs, summ, task, colours)
         fig.tight_layout()
         path = save_figure(fig, images / "quality.png")
-        out.append((f"Test metric per architecture ({', '.join(task_label(t) for t in single)}): bars the mean "
+        out.append((f"Test metric per architecture ({', '.join(task_title(t) for t in single)}): bars the mean "
                     "over seeds with its 95 % interval, dots the seeds", path.name))
     groups = width_groups(runs)
     if groups:
         best = best_by_width(runs, groups)
         fig, axes = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.4), squeeze=False)
         for ax, g in zip(axes[0], groups):
-            draw_width(ax, runs, best[g], colours, task_label(g))
+            draw_width(ax, runs, best[g], colours, task_title(g))
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
         fig.tight_layout()
@@ -118,14 +118,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from seqmix.errors import ConfigError
     from seqmix.study.load import load_study
-    from seqmix.study.table import report_dir
+    from seqmix.study.table import expand
 
     try:
-        study = load_study(args.config)
+        expansion = expand(load_study(args.config))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    results, report = Path(study.results_dir), Path(report_dir(study))
+    results, report = Path(expansion.study.results_dir), expansion.report_dir
     if not (report / "report.pdf").is_file() or not (results / "summary" / "runs.csv").is_file():
         print(f"error: {args.config}'s study is not finished here: {report / 'report.pdf'} or "
               f"{results / 'summary' / 'runs.csv'} is missing (run `make report`, or snakemake with "

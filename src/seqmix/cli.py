@@ -122,14 +122,14 @@ def cmd_data(args) -> int:
     from seqmix.data.tokenizer import prepare_tokenizer
     from seqmix.io import exclusive_lock, remove_stale_temps
     from seqmix.study.jobs import DataJob, TokenizerJob
-    from seqmix.study.table import data_job, tokenizer_job
+    from seqmix.study.table import Expansion
     from seqmix.tasks import task_class
 
     if args.name == "tokenizer":
-        job = parse_spec(TokenizerJob, args.spec) if args.spec else tokenizer_job(load_study(args.config))
+        job = job_of(args, TokenizerJob, Expansion.tokenizer_job)
         prepare = prepare_tokenizer
     else:
-        job = parse_spec(DataJob, args.spec) if args.spec else data_job(load_study(args.config), args.name)
+        job = job_of(args, DataJob, lambda expansion: expansion.data_job(args.name))
         prepare = task_class(job.kind).prepare
     job = job.model_copy(update={"env_mirror": os.environ.get(MIRROR_ENV) or None})
     out_dir = Path(job.out_dir)
@@ -143,7 +143,7 @@ def cmd_data(args) -> int:
 
 def cmd_train(args) -> int:
     from seqmix.study.jobs import TrainJob
-    from seqmix.study.table import run_spec
+    from seqmix.study.table import expand
     from seqmix.train.loop import train
 
     if args.spec:
@@ -151,7 +151,7 @@ def cmd_train(args) -> int:
     elif args.task is None or args.arch is None:
         raise ConfigError("train needs --task and --arch (or --spec)")
     else:
-        spec = run_spec(load_study(args.config), args.task, args.arch, args.seed)
+        spec = expand(load_study(args.config)).run_spec(args.task, args.arch, args.seed)
     metrics = train(spec, progress=not args.quiet, planned_code=args.code)
     print(json.dumps({k: metrics[k] for k in ("status", "params", "steps_completed", "best_eval")}, default=str))
     return 0
@@ -165,33 +165,36 @@ def cmd_eval(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from seqmix.study.table import run_dir, runs
+    from seqmix.study.table import expand
 
-    study = load_study(args.config)
-    for run in runs(study):
-        print(run_dir(study, run))
+    expansion = expand(load_study(args.config))
+    for run in expansion.runs:
+        print(expansion.run_dir(run))
     return 0
 
 
 def cmd_where(args) -> int:
-    from seqmix.study.table import report_dir
+    from seqmix.study.table import expand
 
-    study = load_study(args.config)
-    print({"results": study.results_dir, "report": report_dir(study)}[args.what])
+    expansion = expand(load_study(args.config))
+    print({"results": expansion.study.results_dir, "report": expansion.report_dir}[args.what])
     return 0
 
 
 def job_of(args, model, build):
-    """The job's spec: ``--spec`` as given, else built from ``--config`` by ``build``."""
-    return parse_spec(model, args.spec) if args.spec else build(load_study(args.config))
+    """The job's spec: ``--spec`` as given, else built by ``build`` from the study of
+    ``--config``, expanded (seqmix.study.table.Expansion)."""
+    from seqmix.study.table import expand
+
+    return parse_spec(model, args.spec) if args.spec else build(expand(load_study(args.config)))
 
 
 def cmd_jobs(args) -> int:
     from seqmix import REPO_ROOT
     from seqmix.study.dag import config_files, imported_sources, sha256_of
-    from seqmix.study.table import NOTEBOOKS_GLOB, job_table
+    from seqmix.study.table import NOTEBOOKS_GLOB, expand, job_table
 
-    table = job_table(load_study(args.config, json.loads(args.overrides) if args.overrides else None))
+    table = job_table(expand(load_study(args.config, json.loads(args.overrides) if args.overrides else None)))
     # The files this table was made from, with digests: seqmix.study.dag reuses it while they
     # hold. Every file of every job's code is one: the table holds their digests.
     code = [f for per in table["code"].values() for c in ([per] if "files" in per else per.values()) for f in c["files"]]
@@ -205,9 +208,9 @@ def cmd_jobs(args) -> int:
 def cmd_collect(args) -> int:
     from seqmix.report.collect import collect
     from seqmix.study.jobs import CollectJob
-    from seqmix.study.table import collect_job
+    from seqmix.study.table import Expansion
 
-    job = job_of(args, CollectJob, collect_job)
+    job = job_of(args, CollectJob, Expansion.collect_job)
     breakdown = Path(args.breakdown_out or Path(args.out).with_name("breakdown.csv"))
     n = collect([Path(d) for d in job.run_dirs], Path(args.out), breakdown)
     print(f"wrote {n} runs to {args.out} and their breakdowns to {breakdown}")
@@ -217,9 +220,9 @@ def cmd_collect(args) -> int:
 def cmd_complexity(args) -> int:
     from seqmix.analysis.complexity import write_complexity
     from seqmix.study.jobs import ComplexityJob
-    from seqmix.study.table import complexity_job
+    from seqmix.study.table import Expansion
 
-    job = job_of(args, ComplexityJob, complexity_job)
+    job = job_of(args, ComplexityJob, Expansion.complexity_job)
     archs = args.arch or job.architectures
     beside = lambda suffix: Path(args.out).with_name(Path(args.out).stem + suffix)  # noqa: E731
     fit_out = Path(args.fit_out or beside("_fit.csv"))
@@ -233,9 +236,9 @@ def cmd_complexity(args) -> int:
 def cmd_sparsity(args) -> int:
     from seqmix.analysis.sparsity import write_sparsity
     from seqmix.study.jobs import SparsityJob
-    from seqmix.study.table import sparsity_job
+    from seqmix.study.table import Expansion
 
-    job = job_of(args, SparsityJob, sparsity_job)
+    job = job_of(args, SparsityJob, Expansion.sparsity_job)
     dirs = [Path(d) for d in ([args.run] if args.run else job.run_dirs)]
     n = write_sparsity(dirs, job.sparsity, Path(args.out), threads=args.threads)
     print(f"wrote {n} rows to {args.out}")
@@ -256,7 +259,8 @@ def cmd_sparsity_analytic(args) -> int:
     from seqmix.io import write_rows
     from seqmix.study.settings import SparsityAnalyticSettings
 
-    rows = analytic_curves(job_of(args, SparsityAnalyticSettings, lambda study: study.analysis.sparsity_analytic))
+    rows = analytic_curves(job_of(args, SparsityAnalyticSettings,
+                                  lambda expansion: expansion.study.analysis.sparsity_analytic))
     write_rows(args.out, rows, SparsityAnalyticRow)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
@@ -265,9 +269,9 @@ def cmd_sparsity_analytic(args) -> int:
 def cmd_geometry(args) -> int:
     from seqmix.analysis.geometry import write_geometry
     from seqmix.study.jobs import GeometryJob
-    from seqmix.study.table import finished, geometry_job
+    from seqmix.study.table import Expansion, finished
 
-    job = job_of(args, GeometryJob, geometry_job)
+    job = job_of(args, GeometryJob, Expansion.geometry_job)
     n = write_geometry(finished(job.run_dirs), job.geometry, Path(args.out), threads=args.threads)
     print(f"wrote {n} rows to {args.out}")
     return 0
@@ -276,10 +280,8 @@ def cmd_geometry(args) -> int:
 def cmd_copy_probe(args) -> int:
     from seqmix.analysis.copy_probe import write_copy_probe
     from seqmix.study.jobs import CopyProbeJob
-    from seqmix.study.table import copy_probe_job
-
-    def build(study):
-        job = copy_probe_job(study)
+    def build(expansion):
+        job = expansion.copy_probe_job()
         if job is None:
             raise ConfigError(f"{args.config}: the copy probe takes its models from a recall (MQAR) task and this "
                               "study has none, or config key 'analysis.copy_probe.task' is null; add an MQAR task "
@@ -295,9 +297,9 @@ def cmd_copy_probe(args) -> int:
 def cmd_throughput(args) -> int:
     from seqmix.analysis.throughput import format_table, write_throughput
     from seqmix.study.jobs import ThroughputJob
-    from seqmix.study.table import throughput_job
+    from seqmix.study.table import Expansion
 
-    job = job_of(args, ThroughputJob, throughput_job)
+    job = job_of(args, ThroughputJob, Expansion.throughput_job)
     spec = job.throughput
     if args.lengths:
         spec = spec.model_copy(update={"lengths": args.lengths})
@@ -314,19 +316,20 @@ def cmd_throughput(args) -> int:
 def cmd_plan(args) -> int:
     from seqmix import plan, preflight
     from seqmix.io import write_csv, write_text
+    from seqmix.study.table import expand
 
-    study = load_study(args.config)
+    expansion = expand(load_study(args.config))
     local = not args.no_local_checks
     # Limits the data decide and steps beyond memory first: nothing is counted at such shapes.
-    if problems := preflight.shape_problems(study, local=local):
+    if problems := preflight.shape_problems(expansion, local=local):
         raise ConfigError("the study would fail at its shapes:\n" + "\n".join(f"  - {p}" for p in problems))
-    problems = preflight.setup_problems(study, local=local)
+    problems = preflight.setup_problems(expansion, local=local)
     for p in problems:
         print(f"problem: {p}", file=sys.stderr)
     progress = None if args.quiet else (lambda what: print(f"counting {what}", file=sys.stderr))
     source = str(plan.MEASURED_DIR) if args.measured is None else args.measured
     measured, notes = plan.read_step_times(source), []
-    rows = plan.plan_rows(study, mfu=args.mfu, peak=args.peak_tflops * 1e12, progress=progress, measured=measured,
+    rows = plan.plan_rows(expansion, mfu=args.mfu, peak=args.peak_tflops * 1e12, progress=progress, measured=measured,
                           notes=notes)
     table = plan.markdown(rows, args.mfu, args.peak_tflops * 1e12, source if measured else None, notes)
     print(table, end="")

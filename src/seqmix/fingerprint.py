@@ -61,13 +61,13 @@ def specs(mode: str) -> list[TrainJob]:
     """One run spec per catalogued mixer, in the catalogue's order: its run on the first task of
     config/fingerprint.yaml that trains it."""
     from seqmix.study.load import load_study
-    from seqmix.study.table import run_spec, runs
+    from seqmix.study.table import expand
 
-    study = load_study(CONFIG, {"numerics": mode, "architectures": catalogue.mixer_names()})
+    expansion = expand(load_study(CONFIG, {"numerics": mode, "architectures": catalogue.mixer_names()}))
     first = {}
-    for r in runs(study):
+    for r in expansion.runs:
         first.setdefault(r.arch, r)
-    return [run_spec(study, first[name].task, name, first[name].seed) for name in catalogue.mixer_names()]
+    return [expansion.run_spec(first[name].task, name, first[name].seed) for name in catalogue.mixer_names()]
 
 
 @dataclasses.dataclass

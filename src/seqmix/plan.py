@@ -60,8 +60,7 @@ from seqmix.errors import ConfigError
 from seqmix.measure import GIB, STATE_BYTES_PER_PARAM
 from seqmix.preflight import cost_key, solved_size, step_floor_problem
 from seqmix.study.jobs import TrainJob
-from seqmix.study.settings import Study
-from seqmix.study.table import run_spec, study_tasks, task_architectures
+from seqmix.study.table import Expansion
 from seqmix.tasks import task_class
 
 H100_BF16_PEAK = 989.4e12  # FLOP/s, H100 SXM5, dense BF16 (NVIDIA H100 Tensor Core GPU datasheet)
@@ -138,19 +137,18 @@ class Point:
         return self.step.train_flops / self.measured_s / peak
 
 
-def study_points(study: Study, progress=None) -> list[Point]:
-    """Every (sweep point, architecture) of ``study``, its step counted once per cost key."""
+def study_points(expansion: Expansion, progress=None) -> list[Point]:
+    """Every (sweep point, architecture) of the study, its step counted once per cost key."""
     cache: dict[str, StepCost] = {}
     points = []
-    for v in study_tasks(study):
-        for arch in task_architectures(study, v):
-            spec = run_spec(study, v.name, arch, 0)
-            key = cost_key(spec)
-            if key not in cache:
-                if progress:
-                    progress(f"{v.name} {arch}")
-                cache[key] = measure_step(spec)
-            points.append(Point(v.group, v.name, spec, cache[key], len(v.section.seeds_for(arch, study.seeds))))
+    for spec in expansion.arch_specs:
+        key = cost_key(spec)
+        if key not in cache:
+            if progress:
+                progress(f"{spec.task} {spec.arch}")
+            cache[key] = measure_step(spec)
+        seeds = expansion.tasks[spec.task].seeds[spec.arch]
+        points.append(Point(spec.group, spec.task, spec, cache[key], len(seeds)))
     return points
 
 
@@ -187,12 +185,12 @@ def _basis(p: Point, measured: list[Point], mfu: float, peak: float) -> tuple[fl
                             f"{p.step.train_flops / near.step.train_flops:.2g}x its FLOPs)")
 
 
-def plan_rows(study: Study, mfu: float = DEFAULT_MFU, peak: float = H100_BF16_PEAK, progress=None,
+def plan_rows(expansion: Expansion, mfu: float = DEFAULT_MFU, peak: float = H100_BF16_PEAK, progress=None,
               measured: list[dict] | None = None, notes: list[str] | None = None) -> list[dict[str, Any]]:
     """One row per (task as written in the config, architecture): its sweep points and
     seeds added up (module docstring). ``measured``: ``read_step_times``' rows; ``notes`` gets
     a line for each measured row that does not apply."""
-    points = study_points(study, progress)
+    points = study_points(expansion, progress)
     unused = apply_measurements(points, measured or [])
     if notes is not None:
         notes += [f"measured but not the model planned, so not used: {u}" for u in unused]
@@ -259,8 +257,8 @@ def markdown(rows: list[dict], mfu: float, peak: float, measured_from: str | Non
              "H100 h", "H100 h from"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in [*rows, totals(rows)]:
-        label = catalogue.label(r["arch"]) if r["arch"] else ""
-        cells = [r["task"], label] + [_cell(k, r[k]) for k in FIELDS[2:-1]]
+        title = catalogue.title(r["arch"]) if r["arch"] else ""
+        cells = [r["task"], title] + [_cell(k, r[k]) for k in FIELDS[2:-1]]
         lines.append("| " + " | ".join(cells) + " |")
     total, assumed = totals(rows)["h100_hours"], totals(rows)["assumed_mfu_hours"]
     source = (f"step times measured on an H100 ({measured_from}/{STEP_TIMES}, written by `make gpu-check`) where "

@@ -17,13 +17,7 @@ from seqmix.measure import GIB
 from seqmix.models.budget import BudgetError, Size, solve_budget
 from seqmix.study.jobs import TrainJob
 from seqmix.study.settings import Study
-from seqmix.study.table import (
-    complexity_architectures,
-    run_spec,
-    sparsity_runs,
-    study_tasks,
-    task_architectures,
-)
+from seqmix.study.table import Expansion
 from seqmix.tasks import task_class
 
 
@@ -33,21 +27,12 @@ def cost_key(spec: TrainJob) -> str:
                        spec.mixer_options, spec.train.batch_size], sort_keys=True)
 
 
-_SPECS: dict[int, tuple[Study, list[TrainJob]]] = {}
-
-
-def cost_specs(study: Study) -> list[TrainJob]:
-    """One run spec (seed 0) per distinct per-step cost of the study, in config order (kept
-    per study: every check reads them, and building them expands every sweep again)."""
-    cached = _SPECS.get(id(study))
-    if cached is None or cached[0] is not study:
-        specs: dict[str, TrainJob] = {}
-        for v in study_tasks(study):
-            for arch in task_architectures(study, v):
-                spec = run_spec(study, v.name, arch, 0)
-                specs.setdefault(cost_key(spec), spec)
-        _SPECS[id(study)] = cached = (study, list(specs.values()))
-    return cached[1]
+def cost_specs(expansion: Expansion) -> list[TrainJob]:
+    """One run spec (seed 0) per distinct per-step cost of the study, in config order."""
+    specs: dict[str, TrainJob] = {}
+    for spec in expansion.arch_specs:
+        specs.setdefault(cost_key(spec), spec)
+    return list(specs.values())
 
 
 _SIZES: dict[str, Size] = {}
@@ -69,25 +54,25 @@ def solved_size(spec: TrainJob) -> Size:
 # ------------------------------------------------------------------------------------------
 
 
-def data_limit_problems(study: Study) -> dict[str, list[str]]:
+def data_limit_problems(expansion: Expansion) -> dict[str, list[str]]:
     """Each task's data limits (``Task.limit_problems``), by task as configured (group)."""
     problems: dict[str, list[str]] = {}
-    for spec in cost_specs(study):
+    for spec in cost_specs(expansion):
         if spec.group not in problems:  # the points of a sweep share their group's settings
             problems[spec.group] = task_class(spec.kind).limit_problems(spec)
     return {group: found for group, found in problems.items() if found}
 
 
-def crop_problems(study: Study) -> list[str]:
+def crop_problems(expansion: Expansion) -> list[str]:
     """The sparsity analysis crops held-out inputs of encoder tasks to ``crop_len`` tokens: a
     task whose inputs are all shorter has none to give it."""
-    crop, problems = study.analysis.sparsity.crop_len, []
-    for name in dict.fromkeys(r.task for r in sparsity_runs(study)):
-        v = next(v for v in study_tasks(study) if v.name == name)
-        cls = task_class(v.kind)
+    crop, problems = expansion.study.analysis.sparsity.crop_len, []
+    for name in dict.fromkeys(r.task for r in expansion.sparsity_runs):
+        task = expansion.tasks[name]
+        cls = task_class(task.kind)
         if cls.is_language_model:
             continue
-        longest = cls.without_data(run_spec(study, name, task_architectures(study, v)[0], 0)).sequence_length
+        longest = cls.without_data(expansion.run_spec(name, task.architectures[0], 0)).sequence_length
         if longest is not None and crop > longest:
             problems.append(f"config key 'analysis.sparsity.crop_len' ({crop}) is longer than every input of task "
                             f"'{name}' (at most {longest} tokens): the sparsity analysis would find no held-out "
@@ -123,10 +108,10 @@ def step_floor_problem(spec: TrainJob, batch_size: int, have: float, where: str)
             f"'{key}.{task.length_key}' or '{key}.train.batch_size', or run it where there is more memory")
 
 
-def memory_problems(study: Study, skip_groups: set[str] = frozenset()) -> list[str]:
+def memory_problems(expansion: Expansion, skip_groups: set[str] = frozenset()) -> list[str]:
     """Every run whose training step cannot fit the device it would run on here."""
     problems = []
-    for spec in cost_specs(study):
+    for spec in cost_specs(expansion):
         if spec.group in skip_groups:
             continue
         device = spec.train.device
@@ -137,13 +122,13 @@ def memory_problems(study: Study, skip_groups: set[str] = frozenset()) -> list[s
     return problems
 
 
-def shape_problems(study: Study, local: bool = True) -> list[str]:
+def shape_problems(expansion: Expansion, local: bool = True) -> list[str]:
     """Limits the data decide and (``local``: the jobs run here) steps beyond this machine's
     memory; cheap, and checked before anything is built."""
-    by_group = data_limit_problems(study)
-    problems = [p for found in by_group.values() for p in found] + crop_problems(study)
+    by_group = data_limit_problems(expansion)
+    problems = [p for found in by_group.values() for p in found] + crop_problems(expansion)
     if local:  # a task refused for its data is not sized as well: its shapes are the problem
-        problems += memory_problems(study, skip_groups=set(by_group))
+        problems += memory_problems(expansion, skip_groups=set(by_group))
     return problems
 
 
@@ -152,11 +137,11 @@ def shape_problems(study: Study, local: bool = True) -> list[str]:
 # ------------------------------------------------------------------------------------------
 
 
-def budget_problems(study: Study) -> list[str]:
+def budget_problems(expansion: Expansion) -> list[str]:
     """Every (task, architecture) whose budget has a tolerance is solved now (meta device):
     one that cannot be met is refused before training starts."""
     problems = []
-    for spec in cost_specs(study):
+    for spec in cost_specs(expansion):
         budget = spec.model.budget
         if budget.params is None or budget.tolerance is None:
             continue
@@ -167,11 +152,11 @@ def budget_problems(study: Study) -> list[str]:
     return problems
 
 
-def precision_problems(study: Study, has_gpu: bool) -> list[str]:
+def precision_problems(expansion: Expansion, has_gpu: bool) -> list[str]:
     if has_gpu:
         return []
-    bf16 = sorted({v.group for v in study_tasks(study) if v.section.train.precision == "bf16"
-                   and v.section.train.device != "cuda"})
+    bf16 = sorted({task.group for task in expansion.tasks.values() if task.section.train.precision == "bf16"
+                   and task.section.train.device != "cuda"})
     return [f"config key 'tasks.{g}.train.precision' is bf16 but this machine has no GPU, where bf16 autocast "
             "runs many times slower than fp32: set train.precision: fp32 for a CPU run (config/paper-smoke.yaml "
             "does), or run on a GPU" for g in bf16]
@@ -200,11 +185,11 @@ def mixer_peak_bytes(arch: str, d_model: int, seq_len: int, batch: int) -> float
         return None
 
 
-def complexity_problems(study: Study, available_bytes: float) -> list[str]:
-    spec = study.analysis.complexity
+def complexity_problems(expansion: Expansion, available_bytes: float) -> list[str]:
+    spec = expansion.study.analysis.complexity
     longest = max(spec.lengths)
     problems = []
-    for arch in complexity_architectures(study):
+    for arch in expansion.complexity_architectures:
         need = mixer_peak_bytes(arch, spec.d_model, longest, spec.batch_size)
         if need is not None and need > available_bytes:
             problems.append(
@@ -220,19 +205,21 @@ def numerics_problems(study: Study) -> list[str]:
     return [f"config key 'numerics': {problem}"] if problem else []
 
 
-def setup_problems(study: Study, local: bool = True) -> list[str]:
+def setup_problems(expansion: Expansion, local: bool = True) -> list[str]:
     """Budgets that cannot be met within their tolerance and (``local``) a CPU below the study's
     numerics, bf16 without a GPU and complexity lengths whose forward and backward exceed this
     machine's memory."""
-    problems = budget_problems(study)
+    problems = budget_problems(expansion)
     if local:
-        problems += numerics_problems(study)
-        problems += precision_problems(study, torch.cuda.is_available())
-        problems += complexity_problems(study, measure.available_memory(study.analysis.complexity.device))
+        problems += numerics_problems(expansion.study)
+        problems += precision_problems(expansion, torch.cuda.is_available())
+        device = expansion.study.analysis.complexity.device
+        problems += complexity_problems(expansion, measure.available_memory(device))
     return problems
 
 
-def preflight(study: Study, local: bool = True) -> list[str]:
-    """Problems that would make the study fail at its shapes, one line each (empty: none).
-    ``local``: the jobs run on this machine (its memory and GPU are checked too)."""
-    return shape_problems(study, local) + setup_problems(study, local)
+def preflight(expansion: Expansion, local: bool = True) -> list[str]:
+    """Problems that would make the study (expanded: seqmix.study.table.expand) fail at its
+    shapes, one line each (empty: none). ``local``: the jobs run on this machine (its memory
+    and GPU are checked too)."""
+    return shape_problems(expansion, local) + setup_problems(expansion, local)

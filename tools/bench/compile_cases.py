@@ -18,7 +18,7 @@ the scan's halves are ``torch.library`` custom ops, whose host code the recordin
 place of their fake impls (``compile_jit``).
 
 Not covered: the sparsity and geometry analyses and generation (no kernel there).
-A new kernel is its entry in ``seqmix.kernels.KERNELS`` and its launches in
+A new kernel is its entry in ``seqmix.kernels.registry.KERNELS`` and its launches in
 ``tools.bench.registry.LAUNCHES``.
 """
 
@@ -109,7 +109,7 @@ def _run_cases(spec, profile: str) -> Iterator[Case]:
             built.extend(_distinct_mixers(task.build_model(size.d_model, size.n_layers, size.d_ff_mult)))
         return built
 
-    label = f"{profile} {spec.task} {spec.arch} d{size.d_model}"
+    where = f"{profile} {spec.task} {spec.arch} d{size.d_model}"
     for phase in ("train", "eval"):
         shapes = _shapes(task.shorter_batches, phase, spec.train.batch_size, task.sequence_length)
 
@@ -119,19 +119,18 @@ def _run_cases(spec, profile: str) -> Iterator[Case]:
                     _mixer_call(m, b, length, spec.train.precision, phase == "train")
 
         bs, ls = sorted({b for b, _ in shapes}), sorted({n for _, n in shapes})
-        yield f"{label} {phase} b{'/'.join(map(str, bs))} L{_span(ls)}", call
+        yield f"{where} {phase} b{'/'.join(map(str, bs))} L{_span(ls)}", call
 
 
 def _span(lengths) -> str:
     return f"{lengths[0]}-{lengths[-1]}" if len(lengths) > 1 else str(lengths[0])
 
 
-def _analysis_cases(study, profile: str) -> Iterator[Case]:
+def _analysis_cases(expansion, profile: str) -> Iterator[Case]:
     """The complexity analysis's mixers and the throughput benchmark's, fp32."""
     from seqmix import mixers as registry
-    from seqmix.study.table import complexity_job, throughput_job
 
-    job = complexity_job(study)
+    job = expansion.complexity_job()
     cfg = job.complexity
     for arch in filter(has_triton_path, job.architectures):
         def call(arch=arch):  # as analysis.complexity.build_mixer builds them (no .to(device) on fakes)
@@ -141,7 +140,7 @@ def _analysis_cases(study, profile: str) -> Iterator[Case]:
                 _mixer_call(m, cfg.batch_size, L, "fp32", False)
                 _mixer_call(m, cfg.batch_size, L, "fp32", True)
         yield f"{profile} complexity {arch} d{cfg.d_model} b{cfg.batch_size} L{_span(cfg.lengths)}", call
-    tj = throughput_job(study)
+    tj = expansion.throughput_job()
     tp = tj.throughput
     for arch in filter(has_triton_path, tj.architectures):
         if not registry.mixer_class(arch).supports_causal:
@@ -156,13 +155,14 @@ def _analysis_cases(study, profile: str) -> Iterator[Case]:
 def profile_cases(root: Path = REPO) -> Iterator[Case]:
     from seqmix.preflight import cost_specs
     from seqmix.study.load import load_study
+    from seqmix.study.table import expand
 
     for path in PROFILES:
-        study = load_study(root / path)
+        expansion = expand(load_study(root / path))
         name = Path(path).stem
-        for spec in cost_specs(study):
+        for spec in cost_specs(expansion):
             yield from _run_cases(spec, name)
-        yield from _analysis_cases(study, name)
+        yield from _analysis_cases(expansion, name)
 
 
 def bench_cases() -> Iterator[Case]:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from seqmix.kernels import triton_kernels
+from seqmix.kernels.registry import triton_kernels
 
 from tools.bench.compile_cases import SOURCES
 from tools.bench.compile_jit import (  # noqa: F401 - re-exported for tests

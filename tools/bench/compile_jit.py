@@ -175,12 +175,12 @@ def record(cases: list[Case], modules: list, kept: set[str]) -> tuple[list[Launc
     origin = [""]
     errors = []
     with _gpu_host_code(modules, sink, origin, kept), FakeTensorMode(allow_non_fake_inputs=True):
-        for label, call in cases:
-            origin[0] = label
+        for where, call in cases:
+            origin[0] = where
             try:
                 call()
             except Exception as err:  # noqa: BLE001 - a case that cannot run is reported, the rest go on
-                errors.append(f"{label}: {type(err).__name__}: {' '.join(str(err).split())[:300]}")
+                errors.append(f"{where}: {type(err).__name__}: {' '.join(str(err).split())[:300]}")
     return list(sink.values()), errors
 
 

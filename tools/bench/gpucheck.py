@@ -7,7 +7,7 @@ worker process under its own time limit (``tools.bench.watchdog``: a hang or a c
 that case alone and is a row saying so, errors are printed verbatim), every file written into
 ``results/bench/<gpu>/`` (``<gpu>``: ``seqmix.device.device_slug`` of the device name):
 
-- ``kernel_check.csv``: every Triton kernel of ``seqmix.kernels.KERNELS`` against its
+- ``kernel_check.csv``: every Triton kernel of ``seqmix.kernels.registry.KERNELS`` against its
   reference through the mixers that call it, fp32 and bf16, forward and every gradient, at
   awkward lengths (``tools.bench.kernel_check``), at the paper profile's width and options;
 - ``kernels.csv``: ``python -m tools.bench kernels`` at L 1k-16k, bf16, batch 4 (the report's
@@ -45,7 +45,7 @@ from seqmix import REPO_ROOT, catalogue, plan
 from seqmix.device import device_slug
 from seqmix.io import write_csv, write_json, write_text
 from seqmix.study.load import load_study
-from seqmix.study.table import groups, run_spec, study_tasks, task_architectures
+from seqmix.study.table import expand
 from seqmix.train.provenance import git_commit, package_versions
 from tools.bench import kernel_check, kernels, train_probe
 from tools.bench.watchdog import Case, Outcome, run_cases
@@ -122,10 +122,10 @@ def part_kernels(s: Setup) -> tuple[list[dict], list[str]]:
 def probe_points(s: Setup, baseline: list[dict]) -> list[tuple[str, str]]:
     """(task point, arch): the committed H100 table's points (the study's, in its order) on the
     GPU; every point of the smoke config in the smoke."""
-    study = load_study(s.shapes_config)
+    expansion = expand(load_study(s.shapes_config))
     wanted = {r["task"] for r in baseline}
-    return [(v.name, arch) for v in study_tasks(study) if s.smoke or v.name in wanted
-            for arch in task_architectures(study, v)]
+    return [(task.name, arch) for task in expansion.tasks.values() if s.smoke or task.name in wanted
+            for arch in task.architectures]
 
 
 def part_train_probe(s: Setup, baseline: list[dict]) -> tuple[list[dict], list[str]]:
@@ -190,16 +190,16 @@ def part_train(s: Setup) -> tuple[list[dict], list[str]]:
     import shutil
 
     deadline = time.monotonic() + s.budgets["train"]
-    study = load_study(s.train_config)
-    for group in groups(study):
+    expansion = expand(load_study(s.train_config))
+    for group in expansion.groups:
         status = _command(["data", group, "--config", s.train_config], deadline)
         if status != "ok":
             return [{"status": f"data {group}: {status}"}], []
     rows = []
-    for v in study_tasks(study):
-        for arch in task_architectures(study, v)[: 1 if s.smoke else None]:  # the smoke: one, for time
+    for task in expansion.tasks.values():
+        for arch in task.architectures[: 1 if s.smoke else None]:  # the smoke: one, for time
             for compiled in (False, True):
-                spec = run_spec(study, v.name, arch, 0)
+                spec = expansion.run_spec(task.name, arch, 0)
                 spec = spec.model_copy(update={"train": spec.train.model_copy(update={"compile": compiled}),
                                                "run_dir": spec.run_dir + ("-compiled" if compiled else "")})
                 shutil.rmtree(spec.run_dir, ignore_errors=True)  # a fresh run: its wall time is this one's
@@ -236,7 +236,7 @@ def step_time_lines(probe: list[dict], baseline: list[dict], baseline_name: str)
         task, arch = r["task"], r["arch"]
         mine, theirs = now.get((task, arch)), then.get((task, arch))
         base_now, base_then = now.get((task, catalogue.BASELINE)), then.get((task, catalogue.BASELINE))
-        rows.append([task, catalogue.label(arch), mine["step_ms"] if mine else r.get("status", "")[:80],
+        rows.append([task, catalogue.title(arch), mine["step_ms"] if mine else r.get("status", "")[:80],
                      _ratio(mine["step_ms"], base_now["step_ms"]) if mine and base_now else "",
                      f"{float(mine['mfu']):.1%}" if mine and mine["mfu"] not in ("", None) else "",
                      theirs["step_ms"] if theirs else "", _ratio(theirs["step_ms"], base_then["step_ms"])
@@ -271,7 +271,7 @@ def summary(s: Setup, parts: dict[str, dict], results: dict[str, tuple[list, lis
         if name == "compiled_step" and rows:
             lines += _table(["task", "architecture", "eager ms", "compiled ms", "speedup", "first compiled step s",
                              "graphs", "breaks", "max loss diff"],
-                            [[r["task"], catalogue.label(r["arch"]), r.get("eager_ms"), r.get("compiled_ms") or
+                            [[r["task"], catalogue.title(r["arch"]), r.get("eager_ms"), r.get("compiled_ms") or
                               r["status"][:80], r.get("speedup"), r.get("first_compiled_step_s"), r.get("graphs"),
                               r.get("graph_breaks"), r.get("max_loss_rel_diff")] for r in rows])
         lines.append("")
@@ -279,7 +279,7 @@ def summary(s: Setup, parts: dict[str, dict], results: dict[str, tuple[list, lis
               *step_time_lines(results.get("train_probe", ([], []))[0], baseline, str(plan.MEASURED_DIR)), "",
               "## Training run (train_run.csv)", "",
               *_table(["architecture", "compile", "status", "steps", "wall s", "train loss", "eval", "paths"],
-                      [[catalogue.label(r["arch"]) if "arch" in r else "", r.get("compile"), r["status"], r.get("steps"),
+                      [[catalogue.title(r["arch"]) if "arch" in r else "", r.get("compile"), r["status"], r.get("steps"),
                         r.get("wall_s"), r.get("train_loss_last"),
                         f"{r.get('eval_metric')} {r.get('eval_value')}" if r.get("eval_metric") else "", r.get("paths")]
                        for r in results.get("train", ([], []))[0]]), ""]

@@ -55,12 +55,12 @@ class Worker:
 
         from seqmix.preflight import solved_size
         from seqmix.study.load import load_study
-        from seqmix.study.table import run_spec
+        from seqmix.study.table import expand
         from seqmix.tasks import task_class
         from seqmix.train.step import make_optimizer, optimizer_step, step_loss
 
         self.torch, self.optimizer_step = torch, optimizer_step
-        self.spec = run_spec(load_study(config), task, arch, seed)
+        self.spec = expand(load_study(config)).run_spec(task, arch, seed)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.task = task_class(self.spec.kind).without_data(self.spec)
         size = solved_size(self.spec)
@@ -210,11 +210,12 @@ class Handle:
 def measure(config: str, jobs: int, steps: int, window: float, budget_s: float, modes=MODES) -> list[dict]:
     """The rows of packing.csv (module docstring); what the budget left unmeasured is missing."""
     from seqmix.study.load import load_study
-    from seqmix.study.table import runs
+    from seqmix.study.table import expand
 
-    study = load_study(config)
+    expansion = expand(load_study(config))
+    study = expansion.study
     # seed by seed, so that K < the study's runs still measures every architecture
-    order = sorted(runs(study), key=lambda r: (study.seeds.index(r.seed), study.architectures.index(r.arch)))
+    order = sorted(expansion.runs, key=lambda r: (study.seeds.index(r.seed), study.architectures.index(r.arch)))
     every = [{"task": r.task, "arch": r.arch, "seed": r.seed} for r in order]
     chosen = [every[i % len(every)] for i in range(jobs)]
     deadline = time.monotonic() + budget_s
@@ -282,7 +283,7 @@ def step_ms_at(times: dict[int, float], k: int) -> float:
     return t1 if kk == k1 else t1 + (tk - t1) * (min(k, kk) - k1) / (kk - k1)
 
 
-def predict(rows: list[dict], study, mode: str, seeds: int, slots: int, overhead_s: float) -> float | None:
+def predict(rows: list[dict], expansion, mode: str, seeds: int, slots: int, overhead_s: float) -> float | None:
     """The study's wall time in seconds with ``seeds`` seeds and at most ``slots`` jobs at once
     (1: one after another; else in waves of ``slots`` runs, each as long as its slowest), or
     None where ``mode`` was not measured. A run: its start-up (``ready_s``: a worker that
@@ -294,11 +295,11 @@ def predict(rows: list[dict], study, mode: str, seeds: int, slots: int, overhead
     alone = {r["arch"]: float(r["eval_ms"]) for r in rows if r.get("jobs") == 1 and r.get("eval_ms")}
     ready = {r["arch"]: float(r["ready_s"]) for r in rows if r.get("mode") == mode and r.get("ready_s")
              and r.get("jobs") != 1}
-    (v,) = _variants(study)
-    train = v.section.train
+    (task,) = _tasks(expansion)
+    train = task.section.train
     jobs = seeds * len(times)
     k = min(slots, jobs)
-    batches = train.steps // train.eval_every * train.eval_batches + final_eval_batches(study, v)
+    batches = train.steps // train.eval_every * train.eval_batches + final_eval_batches(expansion, task)
     per_run = {}
     for arch, t in times.items():
         t_step = step_ms_at(t, k) / 1e3
@@ -308,22 +309,18 @@ def predict(rows: list[dict], study, mode: str, seeds: int, slots: int, overhead
     return round(overhead_s + runs_time, 1)
 
 
-def _variants(study) -> list:
-    from seqmix.study.table import study_tasks
-
-    return study_tasks(study)
+def _tasks(expansion) -> list:
+    return list(expansion.tasks.values())
 
 
-def final_eval_batches(study, v) -> int:
+def final_eval_batches(expansion, task) -> int:
     """Batches of a run's final evaluation (its eval and test splits, whole or capped), from the
     prepared data's manifest; 0 where the data are not prepared."""
-    from seqmix.study.table import data_dir
-
     try:
-        splits = json.loads((data_dir(study, v.group) / "manifest.json").read_text())["splits"]
+        splits = json.loads((expansion.data_dir(task.group) / "manifest.json").read_text())["splits"]
     except (OSError, ValueError, KeyError):
         return 0
-    settings, train = v.section, v.section.train
+    settings, train = task.section, task.section.train
     block = getattr(settings, "block_size", None)
     if block is None:
         return 0
@@ -336,16 +333,16 @@ def final_eval_batches(study, v) -> int:
     return total
 
 
-def choose(rows: list[dict], study, jobs: int, budget_s: float, overhead_s: float, margin: float = 0.9) -> dict:
+def choose(rows: list[dict], expansion, jobs: int, budget_s: float, overhead_s: float, margin: float = 0.9) -> dict:
     """The step, slots per GPU and seeds (module docstring): the most seeds whose predicted
     wall time fits ``margin`` x ``budget_s`` (a run that overruns the deadline is lost whole),
     then the shortest; seeds are cut before anything else, and where not even one seed fits,
     one seed the shortest way (``fits`` false)."""
-    options = []
+    study, options = expansion.study, []
     for mode in MODES:
         for slots in sorted({1, jobs}):
             for seeds in range(len(study.seeds), 0, -1):
-                wall = predict(rows, study, mode, seeds, slots, overhead_s)
+                wall = predict(rows, expansion, mode, seeds, slots, overhead_s)
                 if wall is not None:
                     options.append({"mode": mode, "slots_per_gpu": slots, "seeds": seeds, "predicted_wall_s": wall})
     if not options:
@@ -409,16 +406,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from seqmix.io import write_csv, write_json
     from seqmix.study.load import load_study
+    from seqmix.study.table import expand
 
-    study = load_study(args.config)
-    if len(_variants(study)) != 1:
+    expansion = expand(load_study(args.config))
+    if len(_tasks(expansion)) != 1:
         p.error(f"{args.config}: the prediction is for a study of one task (the headline); this one has "
-                f"{', '.join(v.name for v in _variants(study))}")
+                f"{', '.join(expansion.tasks)}")
     rows = measure(args.config, args.jobs, args.steps, args.window, args.measure_budget_s,
                    tuple(args.modes.split(",")))
     write_csv(Path(args.out), rows, FIELDS)
     budget = args.budget_s if args.deadline is None else round(args.deadline - time.time(), 1)
-    choice = choose(rows, study, args.jobs, budget, args.overhead_s, args.margin)
+    choice = choose(rows, expansion, args.jobs, budget, args.overhead_s, args.margin)
     write_json(Path(args.choice), choice)
     print(json.dumps({k: v for k, v in choice.items() if k != "options"}), flush=True)
     if args.apply:

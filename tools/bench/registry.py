@@ -1,6 +1,6 @@
 """How the maintainer's checks launch the project's Triton kernels. Which kernels exist, their
-modules and the references they equal are the library's registry, ``seqmix.kernels.KERNELS``
-(``triton_kernels()``); here, per kernel of it, ``LAUNCHES`` says how the compile check
+modules and the references they equal are the library's registry,
+``seqmix.kernels.registry.KERNELS`` (``triton_kernels()``); here, per kernel of it, ``LAUNCHES`` says how the compile check
 (``python -m tools.bench.compile_check``) launches it at its own tests' shapes (the ``*_CASES``
 tables of tests/test_kernels.py) and how the kernel bench (``python -m tools.bench kernels``,
 ``make gpu-check``) times it, against what. A new Triton kernel is its entry in the library's
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-from seqmix.kernels import Kernel, triton_kernels
+from seqmix.kernels.registry import Kernel, triton_kernels
 
 from seqmix import REPO_ROOT as REPO  # the checkout: its tests/ are read
 
@@ -251,8 +251,8 @@ def backward(out: torch.Tensor) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Launches:
-    """How the tools launch one Triton kernel of ``seqmix.kernels.KERNELS``: ``tests`` yields
-    launches at its own tests' shapes (every module-level ``@triton.jit`` kernel of its module
+    """How the tools launch one Triton kernel of ``seqmix.kernels.registry.KERNELS``: ``tests``
+    yields launches at its own tests' shapes (every module-level ``@triton.jit`` kernel of its module
     must compile at each); ``bench`` builds the bench's case at a (batch, length, dtype), for
     each of ``impls`` (the kernel's ``triton`` and what it is timed against); None where the
     bench does not time it."""
@@ -281,8 +281,8 @@ def kernel_launches() -> dict[str, tuple[Kernel, Launches]]:
     if unknown := sorted(set(LAUNCHES) - set(kernels)):
         problems.append(f"{', '.join(unknown)} is not registered there")
     if problems:
-        raise LookupError("tools.bench.registry.LAUNCHES must launch every Triton kernel of seqmix.kernels.KERNELS: "
-                          + "; ".join(problems))
+        raise LookupError("tools.bench.registry.LAUNCHES must launch every Triton kernel of "
+                          "seqmix.kernels.registry.KERNELS: " + "; ".join(problems))
     return {name: (k, LAUNCHES[name]) for name, k in kernels.items()}
 
 

@@ -57,15 +57,27 @@ def _this_checkouts_counter():
 def _build(point: str, arch: str):
     import seqmix
     from seqmix.preflight import solved_size
+    from seqmix.study import table
     from seqmix.study.load import load_study
-    from seqmix.study.table import run_spec
     from seqmix.tasks import task_class
 
-    spec = run_spec(load_study(Path(seqmix.REPO_ROOT) / "config" / "paper.yaml"), point, arch, 0)
+    study = load_study(Path(seqmix.REPO_ROOT) / "config" / "paper.yaml")
+    # this version's run spec: a version before the study's expansion (table.expand) has run_spec
+    spec = (table.expand(study).run_spec(point, arch, 0) if hasattr(table, "expand")
+            else table.run_spec(study, point, arch, 0))
     task = task_class(spec.kind).without_data(spec)
     size = solved_size(spec)
     torch.manual_seed(0)
     return spec, task, task.build_model(size.d_model, size.n_layers, size.d_ff_mult).train()
+
+
+def _registry() -> dict:
+    """This version's registry of fast paths: seqmix.kernels.registry's, or, in versions before
+    it had a module of its own, seqmix.kernels's."""
+    try:
+        return importlib.import_module("seqmix.kernels.registry").KERNELS
+    except ModuleNotFoundError:
+        return importlib.import_module("seqmix.kernels").KERNELS
 
 
 class _NoLaunch:
@@ -81,7 +93,6 @@ def _as_on_a_gpu():
     tensors, with every Triton kernel's launch skipped: its op still allocates and returns
     its outputs (values unset), which is all that is counted, so no interpreter runs. The
     backward check a GPU runs once per signature is skipped too."""
-    import seqmix.kernels
     import triton
 
     from seqmix.mixers import dispatch
@@ -89,7 +100,7 @@ def _as_on_a_gpu():
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(dispatch, "_applies", lambda path, x, setting: path.kind == "triton"))
         stack.enter_context(mock.patch.object(dispatch, "_check_backward", lambda *args: None))
-        for entry in seqmix.kernels.KERNELS.values():
+        for entry in _registry().values():
             # each version's own registry: a "module:function" string before Kernel entries
             module = importlib.import_module((entry if isinstance(entry, str) else entry.fast).split(":")[0])
             for name, value in vars(module).items():
@@ -183,13 +194,13 @@ def worker(src: str) -> None:
 class Worker:
     """One version's worker process; ``ask`` sends a command and returns its answer."""
 
-    def __init__(self, label: str, src: Path):
-        self.label = label
+    def __init__(self, name: str, src: Path):
+        self.name = name
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(src)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, cwd=src.parent)
         self.imported = json.loads(self.proc.stdout.readline())
         if not self.imported["seqmix"].startswith(str(src)):
-            raise RuntimeError(f"{label}: imported seqmix from {self.imported['seqmix']}, not {src}")
+            raise RuntimeError(f"{name}: imported seqmix from {self.imported['seqmix']}, not {src}")
 
     def ask(self, **cmd) -> dict:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
@@ -217,13 +228,13 @@ def run(baseline: str, archs: list[str], points: list[str], time_batch: int, rou
     with tempfile.TemporaryDirectory() as tmp:
         workers = [Worker(baseline, extract(baseline, Path(tmp))), Worker("this checkout", REPO / "src")]
         cases = [(p, a) for p in points for a in archs]
-        counts = {(w.label, c): w.ask(cmd="count", point=c[0], arch=c[1]) for c in cases for w in workers}
+        counts = {(w.name, c): w.ask(cmd="count", point=c[0], arch=c[1]) for c in cases for w in workers}
         times: dict = collections.defaultdict(list)
         for r in range(rounds):
             for arch in archs:
                 for w in workers:
                     out = w.ask(cmd="time", point=time_point, arch=arch, batch=time_batch, steps=steps)
-                    times[(w.label, arch)] += out.get("times", [])
+                    times[(w.name, arch)] += out.get("times", [])
             if progress:
                 print(f"round {r + 1}/{rounds} timed", file=sys.stderr, flush=True)
         for w in workers:
@@ -236,19 +247,19 @@ def table(workers, cases, counts, times, time_point: str, time_batch: int) -> st
             "paths (GPU dispatch)"]
     rows = []
     for point, arch in cases:
-        got = [counts[(w.label, (point, arch))] for w in workers]
+        got = [counts[(w.name, (point, arch))] for w in workers]
         for w, n in zip(workers, got):
-            t = times.get((w.label, arch)) if point == time_point else None
+            t = times.get((w.name, arch)) if point == time_point else None
             ms = f"{statistics.median(t) * 1e3:.0f}" if t else "-"
             if "error" in n:
-                rows.append([point, arch, w.label, n["error"], "", ms, ""])
+                rows.append([point, arch, w.name, n["error"], "", ms, ""])
             else:
                 paths = "; ".join(f"{k}: {v}" for k, v in n["paths"].items()) or "none"
-                rows.append([point, arch, w.label, str(n["writes"]), f"{n['gb']:.2f}", ms, paths])
+                rows.append([point, arch, w.name, str(n["writes"]), f"{n['gb']:.2f}", ms, paths])
         if any("error" in n for n in got):
             continue
         old, new = got
-        t_old, t_new = (times.get((w.label, arch)) if point == time_point else None for w in workers)
+        t_old, t_new = (times.get((w.name, arch)) if point == time_point else None for w in workers)
         ratio = f"{statistics.median(a / b for a, b in zip(t_new, t_old)):.2f}x" if t_old and t_new else "-"
         rows.append([point, arch, "new / old", f"{new['writes'] / old['writes']:.2f}x", f"{new['gb'] / old['gb']:.2f}x",
                      ratio, ""])

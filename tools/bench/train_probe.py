@@ -32,7 +32,7 @@ from seqmix.mixers import dispatch
 from seqmix.plan import measure_step
 from seqmix.preflight import solved_size
 from seqmix.study.load import load_study
-from seqmix.study.table import run_spec, study_task
+from seqmix.study.table import Expansion, expand
 from seqmix.tasks import task_class
 from seqmix.train.step import StepLoss, make_optimizer, optimizer_step
 
@@ -51,8 +51,8 @@ def peak_bf16(device_name: str) -> float | None:
 
 
 @functools.cache
-def _study(config: str):
-    return load_study(config)
+def _expansion(config: str) -> Expansion:
+    return expand(load_study(config))
 
 
 def _device() -> torch.device:
@@ -89,8 +89,8 @@ def timed_steps(spec, device: torch.device, steps: int, compiled: bool) -> dict:
 
 def probe_case(config: str, point: str, arch: str, steps: int = 13, timed: int = 10) -> list[dict]:
     """One (task point, architecture): its eager step's time, memory and MFU (module docstring)."""
-    study, device = _study(config), _device()
-    spec = run_spec(study, point, arch, 0)
+    expansion, device = _expansion(config), _device()
+    spec = expansion.run_spec(point, arch, 0)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     run = timed_steps(spec, device, steps, compiled=False)
@@ -99,21 +99,21 @@ def probe_case(config: str, point: str, arch: str, steps: int = 13, timed: int =
     flops = measure_step(spec).train_flops
     peak = peak_bf16(name) if device.type == "cuda" else None
     tokens = int(run["batch"][0].numel())
-    v = study_task(study, point)
+    task = expansion.task(point)
     return [{"task": point, "arch": arch, "status": "ok", "precision": spec.train.precision,
              "d_model": run["size"].d_model, "params": run["size"].params, "batch": spec.train.batch_size,
              "step_ms": round(step_s * 1e3, 2), "tok_per_s": round(tokens / step_s),
              "peak_gib": round(torch.cuda.max_memory_allocated(device) / GIB, 2) if device.type == "cuda" else "",
              "step_tflop": round(flops / 1e12, 3), "mfu": round(flops / step_s / peak, 4) if peak else "",
              "steps": spec.train.steps, "run_hours": round(spec.train.steps * step_s / 3600, 3),
-             "runs_this_point": len(v.section.seeds_for(arch, study.seeds)), "loss": round(run["losses"][-1], 3),
+             "runs_this_point": len(task.seeds[arch]), "loss": round(run["losses"][-1], 3),
              "paths": run["paths"]}]
 
 
 def compiled_case(config: str, point: str, arch: str, steps: int = 13, timed: int = 10) -> list[dict]:
     """One (task point, architecture): the eager and the compiled step side by side."""
-    study, device = _study(config), _device()
-    spec = run_spec(study, point, arch, 0)
+    expansion, device = _expansion(config), _device()
+    spec = expansion.run_spec(point, arch, 0)
     eager = timed_steps(spec, device, steps, compiled=False)
     fast = timed_steps(spec, device, steps, compiled=True)
     eager_s, fast_s = (statistics.median(r["seconds"][-timed:]) for r in (eager, fast))

@@ -1,15 +1,15 @@
 # What the rules read: JOBS (seqmix.study.dag.Jobs, the study's job table) and the names below.
-# Every path comes from the table (a run's directory is seqmix.study.table.run_dir's), every
-# spec is the JSON its command takes, every size is the config's `resources`.
+# Every path comes from the table (a run's directory is seqmix.study.table.Expansion.run_dir's),
+# every spec is the JSON its command takes, every size is the config's `resources`.
 import re
 
 from seqmix import catalogue
 
 RESULTS = JOBS.results
 REPORT = JOBS.report  # <results>/report: this study's figures, tables, report.pdf and report.html
-SRC = Path(workflow.basedir)  # the repository: notebooks/ and paper/ sources live here
+REPO = Path(workflow.basedir)  # the repository: notebooks/ and paper/ live here (not src/)
 RUN = "{task}/{arch}/seed{seed}"  # the name of a run's log and benchmark
-NOTEBOOKS = JOBS.notebooks(SRC / "notebooks" / "outputs.yaml")
+NOTEBOOKS = JOBS.notebooks(REPO / "notebooks" / "outputs.yaml")
 run_file = JOBS.run_file  # run_file("model.pt"): that file of the run {task}/{arch}/seed{seed}
 log_file = JOBS.log_file  # <results>/logs/<rule>[/<job>].log
 benchmark_file = JOBS.benchmark_file  # <results>/benchmarks/<rule>[/<job>].tsv
@@ -35,5 +35,5 @@ def train_threads(w):
 def flagged_for_report(nb):
     # A notebook's outputs, its figures flagged for `snakemake --report` (the HTML beside the
     # PDF). (`report` cannot start a line here: the Snakemake parser reads it as a keyword.)
-    caption = str(SRC / "workflow" / "report" / "figure.rst")
+    caption = str(REPO / "workflow" / "report" / "figure.rst")
     return [report(f, caption=caption, category=nb.name) for f in nb.figures] + nb.tables

@@ -14,7 +14,7 @@ for _name, _nb in NOTEBOOKS.items():
             outputs=flagged_for_report(_nb),
             executed=f"{RESULTS}/notebooks/{_name}.ipynb",
         params:
-            notebook=str(SRC / "notebooks" / f"{_name}.ipynb"),
+            notebook=str(REPO / "notebooks" / f"{_name}.ipynb"),
             papermill=_nb.papermill_args(),
             # The digest of its code: its cells and the modules they import, transitively
             # (seqmix.sources); an edit to any (a comment aside) reruns it.
@@ -32,18 +32,18 @@ for _name, _nb in NOTEBOOKS.items():
             "{params.papermill} > {log:q} 2>&1"
 
 
-REPORT_SOURCES = [str(p) for p in sorted((SRC / "paper").glob("*.tex"))] + [
-    str(p) for p in sorted((SRC / "paper" / "sections").glob("*.tex"))
+REPORT_SOURCES = [str(p) for p in sorted((REPO / "paper").glob("*.tex"))] + [
+    str(p) for p in sorted((REPO / "paper" / "sections").glob("*.tex"))
 ]
 
 
 rule report:
     input:
-        main=str(SRC / "paper" / "report.tex"),
+        main=str(REPO / "paper" / "report.tex"),
         sources=REPORT_SOURCES,
         generated=[f for nb in NOTEBOOKS.values() for f in nb.outputs],
     output:
-        report(f"{REPORT}/report.pdf", caption=str(SRC / "workflow" / "report" / "report.rst"), category="report"),
+        report(f"{REPORT}/report.pdf", caption=str(REPO / "workflow" / "report" / "report.rst"), category="report"),
     params:
         # The sources' folder; with // TeX searches its subfolders (sections/) too.
         texinputs=lambda w, input: str(Path(input.main).parent) + "//",

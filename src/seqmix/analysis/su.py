@@ -4,8 +4,9 @@ closed form must pass: numeric integration (``s_quad``) and Monte Carlo.
 
 For weights a_j ∝ f(q·k_j), keys k = μ + σε, ε ~ N(0, I) and n → ∞, S(a) = E|a|/sqrt(E a²)
 reduces to S = E|f(β + γε)| / sqrt(E f²(β + γε)) over ε ~ N(0, 1), with β = q·μ, γ = σ‖q‖:
-one function per kernel below. The derivations, and the correction to the article's bound
-on ‖q̃‖₂/‖q̃‖₁, are in the report's "Attention sparsity" section.
+one function per score function f (a row's ``kernel``) below. The derivations, and the
+correction to the article's bound on ‖q̃‖₂/‖q̃‖₁, are in the report's "Attention sparsity"
+section.
 """
 
 from __future__ import annotations
@@ -161,7 +162,9 @@ def s_elu1(q_norm: float, mu0: float, d: int) -> float:
 # Checks: numeric integration and Monte Carlo
 # ---------------------------------------------------------------------------------------
 
-KERNELS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+# The score functions f of a_j ∝ f(q·k_j) with a 1-D closed form, by the name a row's ``kernel``
+# gives them (Su's word, the CSV's column and a claim's key; a kernel of kernels/ is a fast path).
+SCORE_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp,
     "relu2": lambda x: np.maximum(x, 0.0) ** 2,
     "identity": lambda x: x,
@@ -176,7 +179,7 @@ def closed_form(kernel: str, beta: float, gamma: float) -> float:
         return float(s_relu2(beta, gamma))
     if kernel == "identity":
         return float(s_identity(beta, gamma))
-    raise KeyError(f"no 1-D closed form for kernel {kernel!r}; choose from {', '.join(KERNELS)}")
+    raise KeyError(f"no 1-D closed form for kernel {kernel!r}; choose from {', '.join(SCORE_FUNCTIONS)}")
 
 
 def s_quad(kernel: str, beta: float, gamma: float) -> float:
@@ -187,7 +190,7 @@ def s_quad(kernel: str, beta: float, gamma: float) -> float:
     It runs over |ε| ≤ 40 + 4γ rather than ±∞: the largest integrand, e^{2γε}φ(ε), is below
     e^{-800} beyond that, and finite limits keep exp(2γε) from overflowing.
     """
-    f = KERNELS[kernel]
+    f = SCORE_FUNCTIONS[kernel]
     edge = 40.0 + 4.0 * abs(gamma)
     e0 = min(max(-beta / gamma, -edge), edge)
 
@@ -223,7 +226,7 @@ def ratio_estimate(samples: np.ndarray) -> tuple[float, float]:
 def s_monte_carlo(kernel: str, beta: float, gamma: float, samples: int, seed: int = 0) -> tuple[float, float]:
     """(S, standard error) of the n → ∞ form by sampling ε ~ N(0, 1)."""
     eps = np.random.default_rng(seed).standard_normal(samples)
-    return ratio_estimate(KERNELS[kernel](beta + gamma * eps))
+    return ratio_estimate(SCORE_FUNCTIONS[kernel](beta + gamma * eps))
 
 
 def s_monte_carlo_finite_n(
@@ -237,7 +240,7 @@ def s_monte_carlo_finite_n(
     rng = np.random.default_rng(seed)
     out = np.empty(rows)
     for i in range(rows):
-        a = np.abs(KERNELS[kernel](beta + gamma * rng.standard_normal(n)))
+        a = np.abs(SCORE_FUNCTIONS[kernel](beta + gamma * rng.standard_normal(n)))
         out[i] = a.mean() / math.sqrt((a * a).mean()) if a.any() else np.nan
     out = out[np.isfinite(out)]
     return float(out.mean()), float(out.std(ddof=1) / math.sqrt(out.size)) if out.size > 1 else float("nan")
@@ -265,14 +268,14 @@ def analytic_curves(cfg: SparsityAnalyticSettings) -> list[SparsityAnalyticRow]:
     for beta in betas:
         for gamma in gammas:
             b, g = float(beta), float(gamma)
-            for kernel in KERNELS:
+            for kernel in SCORE_FUNCTIONS:
                 rows.append(_row(kernel, "closed_form", beta=b, gamma=g, S=closed_form(kernel, b, g)))
             rows.append(_row("elu1", "closed_form", beta=b, gamma=g, d=d, S=s_elu1(g, b / g, d)))
     for lam in cfg.lambdas:
         for n in cfg.lengths:
             rows.append(_row("decay", "closed_form", n=int(n), lam=float(lam), S=float(s_decay(lam, n))))
     for k, (beta, gamma) in enumerate(cfg.mc_points):
-        for kernel in KERNELS:
+        for kernel in SCORE_FUNCTIONS:
             for n in cfg.mc_lengths:
                 s, se = s_monte_carlo_finite_n(kernel, beta, gamma, int(n), cfg.mc_rows, seed=cfg.seed + k)
                 rows.append(_row(kernel, "monte_carlo", beta=beta, gamma=gamma, n=int(n), S=s, S_se=se,

@@ -1,6 +1,6 @@
 """The mixer registry: every architecture the study compares, by name.
 
-A mixer maps (batch, L, d_model) -> (batch, L, d_model). The names, import paths, labels,
+A mixer maps (batch, L, d_model) -> (batch, L, d_model). The names, import paths, titles,
 colours and blocks live in the torch-free catalogue (``seqmix/catalogue.py``), its forms
 (``supports_causal`` / ``supports_noncausal``) and options on its class; adding a mixer is
 its module plus one entry there.

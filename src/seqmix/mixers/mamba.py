@@ -26,7 +26,7 @@ eager form on the CPU. Used unless no C++ compiler is found or the reference is 
 of C tokens advanced together by Python loops over the C positions, forward and backward
 written by hand in PyTorch; 2C + O(L/C²) vectorised steps instead of L, nothing overflows
 however strong the decay). It materialises the (L, B, N, D) states; the fused kernels avoid
-that. Each of the three is one entry of ``seqmix.kernels.KERNELS``, paired with the
+that. Each of the three is one entry of ``seqmix.kernels.registry.KERNELS``, paired with the
 reference here.
 
 Initialisation (mamba_simple.py, re-applied by ``reset_mixer_parameters`` after the LM's

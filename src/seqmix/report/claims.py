@@ -406,7 +406,7 @@ def eval_recall_beyond_reach(res: Results, claim: RecallBeyondReach) -> ClaimRes
     return dataclasses.replace(_decide(claim, mean, half, measured, unmet), values=[p[2] - chance for p in splits])
 
 
-COST_LABELS = {"fwdbwd_ms": "time", "fwd_ms": "fwd time", "flops_fwdbwd": "FLOPs", "flops_fwd": "fwd FLOPs",
+COST_TITLES = {"fwdbwd_ms": "time", "fwd_ms": "fwd time", "flops_fwdbwd": "FLOPs", "flops_fwd": "fwd FLOPs",
                "bytes_written_fwdbwd": "bytes written", "bytes_written_fwd": "fwd bytes written",
                "peak_fwdbwd_bytes": "memory", "peak_fwd_bytes": "fwd memory", "flops_stated": "stated FLOPs"}
 
@@ -432,7 +432,7 @@ def _time_beside(fits: pd.DataFrame, growth: pd.DataFrame | None, arch: str) -> 
     g = growth[(growth.arch == arch) & growth.growth_fwdbwd_ms.notna()] if growth is not None else None
     if g is not None and len(g):
         last = g.iloc[-1]
-        counted = ", ".join(f"{COST_LABELS[m]} ×{last[f'growth_{m}']:.2f}"
+        counted = ", ".join(f"{COST_TITLES[m]} ×{last[f'growth_{m}']:.2f}"
                             for m in ("flops_fwdbwd", "bytes_written_fwdbwd", "peak_fwdbwd_bytes"))
         text += (f"; per doubling at L = {int(last.len_from)}→{int(last.len_to)}: "
                  f"time ×{last.growth_fwdbwd_ms:.2f}, {counted}")
@@ -466,16 +466,16 @@ def eval_complexity(res: Results, claim: ComplexityExponent) -> ClaimResult:
         for measure in claim.measures:
             f = fits[(fits.arch == arch) & (fits.measure == measure)]
             if f.empty or f.slope.isna().all():
-                short.append(f"{arch} {COST_LABELS.get(measure, measure)} not measured")
+                short.append(f"{arch} {COST_TITLES.get(measure, measure)} not measured")
                 continue
             f = f.iloc[0]
             low, high = _exponent_interval(f)
-            label = COST_LABELS.get(measure, measure)
-            parts.append(f"{arch} {label} {f.slope:.2f}")
+            title = COST_TITLES.get(measure, measure)
+            parts.append(f"{arch} {title} {f.slope:.2f}")
             values.append(float(f.slope))
             if f.max_len < claim.requires.min_length:
                 short.append(f"{arch} measured only up to L = {int(f.max_len)}")
-            judged[f"{arch} {label} {f.slope:.2f} [{low:.2f}, {high:.2f}]"] = judge(
+            judged[f"{arch} {title} {f.slope:.2f} [{low:.2f}, {high:.2f}]"] = judge(
                 (low + high) / 2, (high - low) / 2, claim.agree_if)
     on = _cost_context(fits, res.table("analysis/complexity_growth.csv"), archs, claim.measures)
     value = max(values) if values else float("nan")

@@ -12,7 +12,7 @@ import pandas as pd
 
 from seqmix import catalogue
 from seqmix.report.latex import escape, table
-from seqmix.report.style import arch_label, ordered
+from seqmix.report.style import arch_title, ordered
 
 STATED = {"L": "$L$", "L log L": "$L \\log L$", "L^2": "$L^2$"}  # catalogue cost_in_L as LaTeX
 KERNEL_LENGTHS = (1024, 4096, 16384, 65536)  # the lengths the kernel table shows
@@ -100,7 +100,7 @@ def complexity_table(c: Complexity) -> str:
     rows = []
     for arch in ordered(c.fits.arch):
         t, last = c.time_fit(arch), c.last_timed_doubling(arch)
-        rows.append([escape(arch_label(arch)), STATED.get(cost_in_L.get(arch), "--"),
+        rows.append([escape(arch_title(arch)), STATED.get(cost_in_L.get(arch), "--"),
                      c.exponent(arch, "flops_fwdbwd"), c.exponent(arch, "bytes_written_fwdbwd"),
                      c.exponent(arch, "peak_fwdbwd_bytes"),
                      f"{t.slope:.2f} [{t.ci_low:.2f}, {t.ci_high:.2f}]" if t is not None else "--",

@@ -10,8 +10,8 @@ from seqmix import catalogue
 
 
 def blocks_markdown() -> str:
-    """The table of blocks: each mixer's label, native block and why (catalogue.MIXERS)."""
-    rows = [f"| {m.label} | {m.block} | {m.block_reason} |" for m in catalogue.MIXERS]
+    """The table of blocks: each mixer's title, native block and why (catalogue.MIXERS)."""
+    rows = [f"| {m.title} | {m.block} | {m.block_reason} |" for m in catalogue.MIXERS]
     return "\n".join(["| architecture | block | why |", "|---|---|---|", *rows]) + "\n"
 
 

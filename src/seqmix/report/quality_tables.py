@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from seqmix.catalogue import label as task_label
+from seqmix.catalogue import title as task_title
 from seqmix.report.latex import escape, fmt, pm, series, table
 from seqmix.report.recorded import Recording, account, chosen
-from seqmix.report.style import arch_label, metric_label, ordered
+from seqmix.report.style import arch_title, metric_title, ordered
 from seqmix.report.summary import unfinished_tasks
 
 
@@ -46,10 +46,10 @@ def draw_test_metric(ax, runs: pd.DataFrame, summ: pd.DataFrame, task: str, colo
     for i, arch in enumerate(s.index):
         v = pts[pts.arch == arch].test_value
         ax.scatter(v, [i] * len(v), color="black", s=6, zorder=3)
-    ax.set_yticks(list(y), [arch_label(a) for a in s.index])
+    ax.set_yticks(list(y), [arch_title(a) for a in s.index])
     ax.invert_yaxis()
-    ax.set_xlabel(f"test {metric_label(metric)}" + (" (higher is better)" if higher else " (lower is better)"))
-    ax.set_title(task_label(task), fontsize=title_size)
+    ax.set_xlabel(f"test {metric_title(metric)}" + (" (higher is better)" if higher else " (lower is better)"))
+    ax.set_title(task_title(task), fontsize=title_size)
     # Linear axes: bars start at zero, and a 95% interval from two seeds can reach below it.
     ax.set_xlim(left=0)
 
@@ -64,7 +64,7 @@ def unfinished_text(runs: pd.DataFrame) -> str:
     unfinished = unfinished_tasks(runs)
     if not unfinished:
         return ""
-    return (f"every run of {series([escape(task_label(t)) for t in unfinished])} diverged, so "
+    return (f"every run of {series([escape(task_title(t)) for t in unfinished])} diverged, so "
             + ("it has" if len(unfinished) == 1 else "they have") + " no quality result")
 
 
@@ -81,11 +81,11 @@ def quality_table(runs: pd.DataFrame, summ: pd.DataFrame) -> str:
             test = pm(r.test_mean, r.test_ci, digits)
             if r.test_mean == best:
                 test = f"\\textbf{{{test}}}"
-            body.append([escape(task_label(task)), escape(arch_label(arch)), fmt(int(r.params)), f"{r.d_model}/{r.n_layers}",
+            body.append([escape(task_title(task)), escape(arch_title(arch)), fmt(int(r.params)), f"{r.d_model}/{r.n_layers}",
                          f"{r.ok}/{r.seeds}", pm(r.eval_mean, r.eval_ci, digits), test])
     unfinished = unfinished_text(runs)
     note = ("Mean $\\pm$ half-width of the 95\\% $t$ interval across seeds (no interval with one seed). "
-            + "; ".join(f"{escape(task_label(t))}: {escape(metric_label(summ[summ.task == t].metric.iloc[0]))}" for t in tasks)
+            + "; ".join(f"{escape(task_title(t))}: {escape(metric_title(summ[summ.task == t].metric.iloc[0]))}" for t in tasks)
             + ". Data, budgets and evaluation sizes are in Table~\\ref{tab:setup}."
             + (f" {unfinished[0].upper()}{unfinished[1:]}." if unfinished else ""))
     return table(["Task", "Architecture", "Params", "$d$/layers", "Runs ok", "Validation", "Test"], body,
@@ -104,7 +104,7 @@ def setup_table(runs: pd.DataFrame) -> str:
         held_out = [escape(data) + (f" ({fmt(int(scored))} {escape(g.scored_unit)} scored)" if len(done)
                                     else " (not evaluated: every run diverged)")
                     for data, scored in ((g.eval_data, g.eval_scored), (g.test_data, g.test_scored))]
-        rows.append([escape(task_label(task)), escape(g.train_data), *held_out,
+        rows.append([escape(task_title(task)), escape(g.train_data), *held_out,
                      f"{fmt(int(t['steps']))} $\\times$ {t['batch_size']}", fmt(len(set(mine.seed)))])
     tokenizers = runs.tokenizer.dropna()
     return table(["Task", "Trained on", "Validation", "Test", "Steps $\\times$ batch", "Seeds"], rows,
@@ -189,7 +189,7 @@ def quality_macros(runs: pd.DataFrame, summ: pd.DataFrame, scope: str) -> dict[s
         "numRuns": fmt(len(runs)),
         "numArchs": fmt(runs.arch.nunique()),
         # The architectures by name, so the abstract describes this study's, whatever their number.
-        "architectures": series([escape(arch_label(a)) for a in ordered(runs.arch.unique())]),
+        "architectures": series([escape(arch_title(a)) for a in ordered(runs.arch.unique())]),
         "numSeeds": fmt(runs.seed.nunique()),
         "numDiverged": fmt(int((runs.status == "diverged").sum())),
         "unfinished": f"; {unfinished}" if unfinished else "",
@@ -214,7 +214,7 @@ def curves_title(runs: pd.DataFrame, task: str, whose: str) -> str:
     """A panel title of the recorded-runs figure: whose runs, the task, their size and budget."""
     mine = runs[runs.task == task]
     seeds = mine.seed.nunique()
-    return (f"{textwrap.fill(whose, 60)}\n{task_label(task)}: {mine.params.min() / 1e6:.2f}M params, "
+    return (f"{textwrap.fill(whose, 60)}\n{task_title(task)}: {mine.params.min() / 1e6:.2f}M params, "
             f"{int(mine.steps_planned.max()):,} steps, {seeds} seed{'s' if seeds != 1 else ''}")
 
 

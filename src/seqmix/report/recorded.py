@@ -59,10 +59,11 @@ def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
     commit the runs were made at, for runs whose provenance has none (a checkout copied to
     another machine without its .git); it never overrides one they have."""
     from seqmix.study.load import load_study
-    from seqmix.study.table import run_dir, runs
+    from seqmix.study.table import expand
 
-    study = load_study(config)
-    dirs = {f"{r.task}/{r.arch}/seed{r.seed}": run_dir(study, r) for r in runs(study)}
+    expansion = expand(load_study(config))
+    study = expansion.study
+    dirs = {f"{r.task}/{r.arch}/seed{r.seed}": expansion.run_dir(r) for r in expansion.runs}
     for name, d in dirs.items():
         if missing := [f for f in RUN_FILES if not (d / f).is_file()]:
             raise FileError(f"run {name} of {config} has not finished ({d} has no {', '.join(missing)}): run the "
@@ -162,25 +163,23 @@ class Headline:
 
     def __init__(self, config: str | os.PathLike):
         from seqmix.study.load import ConfigError, load_study
-        from seqmix.study.table import runs
+        from seqmix.study.table import expand
 
         self.config, self.name = Path(config), shown(Path(config))
-        self.study, self.problem, self.runs = None, None, {}
+        self.expansion, self.problem, self.runs = None, None, {}
         if not self.config.is_file():
             self.problem = f"the headline study's config {self.name} does not exist in this checkout"
             return
         try:
-            self.study = load_study(self.config)
+            self.expansion = expand(load_study(self.config))
         except ConfigError as e:
             self.problem = f"the headline study's config {self.name} is not valid ({e})"
             return
-        self.runs = {f"{r.task}/{r.arch}/seed{r.seed}": r for r in runs(self.study)}
+        self.runs = {f"{r.task}/{r.arch}/seed{r.seed}": r for r in self.expansion.runs}
 
     def refusal(self, run_dir: Path) -> str | None:
         """Why the recorded run in ``run_dir`` is not a run of the headline study as its config
         resolves now (None: it is)."""
-        from seqmix.study.table import run_spec
-
         if self.problem:
             return f"{self.problem}; restore it or record again"
         recorded = read_json(run_dir / "config.json")
@@ -188,7 +187,7 @@ class Headline:
         if name not in self.runs:
             return (f"{name} is not a run of the headline study ({self.name} runs {', '.join(self.runs)}); "
                     "record that study again (make paper-headline on a GPU)")
-        current = run_spec(self.study, *self.runs[name]).model_dump(mode="json")
+        current = self.expansion.run_spec(*self.runs[name]).model_dump(mode="json")
         found = first_difference(recorded, current)
         if found is None:
             return None

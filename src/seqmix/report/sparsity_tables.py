@@ -8,14 +8,15 @@ import dataclasses
 
 import pandas as pd
 
-from seqmix.catalogue import label as task_label
+from seqmix.catalogue import title as task_title
 from seqmix.report.latex import escape, pm, table
-from seqmix.report.style import arch_label, ordered
+from seqmix.report.style import arch_title, ordered
 from seqmix.report.summary import mean_ci
 
-# The score kernels of the closed forms, as the figure labels them, and their colours.
-KERNELS = {"exp": "exp (softmax)", "relu2": "relu$^2$", "identity": "plain linear", "elu1": "elu+1 (non-negative linear)"}
-KERNEL_COLOURS = dict(zip(KERNELS, ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]))
+# The score functions of the closed forms (analysis.su; their files' `kernel` column), as the
+# figure titles them, and their colours.
+SCORE_TITLES = {"exp": "exp (softmax)", "relu2": "relu$^2$", "identity": "plain linear", "elu1": "elu+1 (non-negative linear)"}
+SCORE_COLOURS = dict(zip(SCORE_TITLES, ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]))
 MEASURES = ("attention", "jacobian")  # the row kinds of sparsity.csv
 
 
@@ -44,11 +45,11 @@ def measured_tasks(sp: pd.DataFrame) -> tuple[str | None, dict[str, str]]:
     return main, sp.groupby("arch").task.first().to_dict()
 
 
-def measured_label(sp: pd.DataFrame, arch: str) -> str:
-    """A mixer's legend label, with its task where that is not the main one."""
+def measured_title(sp: pd.DataFrame, arch: str) -> str:
+    """A mixer's legend title, with its task where that is not the main one."""
     main, arch_task = measured_tasks(sp)
     t = arch_task.get(arch, main)
-    return arch_label(arch) + ("" if t == main else f" ({task_label(t)})")
+    return arch_title(arch) + ("" if t == main else f" ({task_title(t)})")
 
 
 def per_layer(sp: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -62,7 +63,7 @@ def sparsity_table(sp: pd.DataFrame) -> str:
     rows = []
     for arch in ordered(sp.arch):
         a = sp[sp.arch == arch]
-        cells = [escape(arch_label(arch)), escape(task_label(arch_task[arch]))]
+        cells = [escape(arch_title(arch)), escape(task_title(arch_task[arch]))]
         cells += [pm(*seed_mean(a, kind), 3) for kind in MEASURES]
         cells.append(f"{a.S_onehot_mean.mean():.3f}")
         rows.append(cells)
@@ -71,7 +72,7 @@ def sparsity_table(sp: pd.DataFrame) -> str:
         caption="Su's sparsity of trained models on held-out text (mean over layers, heads and rows).",
         label="tab:sparsity", align="llrrr",
         note=f"Rows with at least {int(sp.min_row_len.min()) if len(sp) else 0} visible keys of held-out sequences "
-             f"({', '.join(f'{escape(task_label(t))}: {int(n)} tokens' for t, n in sp.groupby('task').seq_len.max().items())}); "
+             f"({', '.join(f'{escape(task_title(t))}: {int(n)} tokens' for t, n in sp.groupby('task').seq_len.max().items())}); "
              "mean $\\pm$ 95\\% interval across seeds. "
              "Architectures with no causal form are trained only as encoders and measured on held-out inputs of their encoder task "
              "(cropped so that no row holds padding; their rows see every position). "

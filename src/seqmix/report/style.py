@@ -1,5 +1,5 @@
 """One plotting style for every figure of the report, and the figure writer. Order,
-labels and colours of the architectures come from the catalogue (seqmix/catalogue.py), so
+titles and colours of the architectures come from the catalogue (seqmix/catalogue.py), so
 a mixer looks the same in every figure and a new one is drawn with no change here."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from seqmix import catalogue
 from seqmix.io import atomic_path
 
 
-def arch_label(arch: str) -> str:
-    return catalogue.label(arch)
+def arch_title(arch: str) -> str:
+    return catalogue.title(arch)
 
 
-METRIC_LABELS = {"ppl": "perplexity", "accuracy": "accuracy"}
+METRIC_TITLES = {"ppl": "perplexity", "accuracy": "accuracy"}
 
 
-def metric_label(metric: str) -> str:
-    return METRIC_LABELS.get(metric, metric)
+def metric_title(metric: str) -> str:
+    return METRIC_TITLES.get(metric, metric)
 
 
 def palette() -> dict[str, str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from seqmix.report.latex import escape, table
-from seqmix.report.style import arch_label, ordered
+from seqmix.report.style import arch_title, ordered
 
 
 def setting(tp: pd.DataFrame) -> str:
@@ -25,7 +25,7 @@ def throughput_table(tp: pd.DataFrame) -> str:
     by = tp.set_index(["arch", "seq_len"])
     rows = []
     for arch in ordered(tp.arch.unique()):
-        cells = [escape(arch_label(arch))]
+        cells = [escape(arch_title(arch))]
         for L in lengths:
             if (arch, L) in by.index:
                 r = by.loc[(arch, L)]

@@ -1,7 +1,8 @@
 """The study as the Snakefile sees it, without importing torch.
 
 ``load`` returns the job table of `python -m seqmix jobs` (the validated study, every job's
-spec and code, the path patterns and each rule's resources: ``seqmix.study.table.job_table``).
+spec and code, the path patterns and each rule's resources: ``seqmix.study.table.job_table``
+of the study's ``Expansion``).
 The table is made in a subprocess, which imports the task and mixer classes (torch), and
 cached under ``.snakemake/seqmix/`` with the sha256 of every file it was made from or
 describes: the config files, every module the subprocess imported and every file of every
@@ -25,11 +26,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seqmix import REPO_ROOT, catalogue, numerics
 from seqmix.io import sha256_file, yaml_data
 from seqmix.sources import library_dirs
+
+if TYPE_CHECKING:
+    from seqmix.study.table import Expansion
 
 SRC = Path(__file__).resolve().parents[2]  # the src/ this seqmix was imported from
 CACHE_DIR = Path(".snakemake") / "seqmix"  # in Snakemake's working directory
@@ -165,12 +169,12 @@ class Jobs:
     """One study's jobs: paths, specs (as the JSON each command takes) and resources.
 
     Path patterns keep Snakemake's wildcards: ``run_file("model.pt")`` is
-    ``<results>/runs/{task}/{arch}/seed{seed}/model.pt`` (seqmix.study.table.run_dir)."""
+    ``<results>/runs/{task}/{arch}/seed{seed}/model.pt`` (seqmix.study.table.Expansion.run_dir)."""
 
     def __init__(self, table: dict[str, Any]):
         self.table = table
         self.results: str = table["paths"]["results"]
-        self.report: str = table["paths"]["report"]  # the study's own report folder (study.report_dir)
+        self.report: str = table["paths"]["report"]  # the study's own report folder (Expansion.report_dir)
         self._runs = {(r["task"], r["arch"], str(r["seed"])): r for r in table["runs"]}
         self._sparsity = {(r["task"], r["arch"], str(r["seed"])): r for r in table["sparsity_runs"]}
 
@@ -289,12 +293,14 @@ class Jobs:
         """The study's numerics (seqmix.numerics): what every job's shell pins."""
         return self.table["study"]["numerics"]
 
-    def study(self):
-        """The typed, validated study (seqmix.study.settings.Study). This imports the config
-        models, hence torch: for what runs once before the jobs (preflight), not for parsing."""
+    def expansion(self) -> Expansion:
+        """The typed, validated study, expanded (seqmix.study.table.Expansion). This imports the
+        config models, hence torch: for what runs once before the jobs (preflight), not for
+        parsing."""
         from seqmix.study.load import validate_study
+        from seqmix.study.table import expand
 
-        return validate_study(self.table["study"], source="the resolved study")
+        return expand(validate_study(self.table["study"], source="the resolved study"))
 
     # -- notebooks ---------------------------------------------------------------------------
 
@@ -329,7 +335,9 @@ class Jobs:
             return f"{self.results}/{ref}"
         if kind == "runs":
             return self.run_files(rest)
-        if kind == "src":
+        if kind == "src":  # the prefix's name before repo: (src/ is the code's folder, not the repository)
+            raise StudyError(f"error: {where}: {ref!r}: a file of the repository is repo:{rest}")
+        if kind == "repo":
             if rest.endswith(".py"):
                 raise StudyError(f"error: {where}: {ref!r} names code; a notebook's code is what its cells import "
                                  "(seqmix.sources), so list only the data files it reads")
@@ -345,7 +353,7 @@ class Jobs:
             except KeyError as e:
                 raise StudyError(f"error: {where}: {e.args[0]}") from None
         raise StudyError(f"error: {where}: {ref!r} is not a reference; write <file under results_dir>, "
-                         "runs:<file>, src:<path>, (inputs only) analysis:<name> or (a parameter only) config:<key>")
+                         "runs:<file>, repo:<path>, (inputs only) analysis:<name> or (a parameter only) config:<key>")
 
 
 REFERENCE_PREFIX = re.compile(r"^[a-z]+:")

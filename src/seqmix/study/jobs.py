@@ -56,7 +56,7 @@ class TrainJob(Section):
     task's settings does not invalidate this run)."""
 
     profile: str
-    task: str  # the task's name: <kind>[/<label>][/<sweep point>]
+    task: str  # the task's name: <kind>[/<variant>][/<sweep point>]
     kind: str
     group: str  # the task before its sweep point; runs of one sweep share its data
     axes: dict[str, Any]  # the sweep's settings at this point ({} outside a sweep)
@@ -74,7 +74,8 @@ class TrainJob(Section):
     numerics: NumericsMode  # type: ignore[valid-type]  # the study's: the CLI pins it first
 
     @property
-    def label(self) -> str:
+    def run_name(self) -> str:
+        """The run's name, ``<task>/<arch>/seed<k>``: its logs', benchmarks' and messages'."""
         return f"{self.task}/{self.arch}/seed{self.seed}"
 
 

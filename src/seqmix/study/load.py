@@ -2,7 +2,7 @@
 bad key named, into a study: typed, frozen pydantic models (``seqmix.study.settings``) that
 hold every default once. A task kind's own settings live on its ``Settings`` model and a
 mixer's options on its ``Options`` dataclass, so adding either never touches this file.
-Tasks are named ``<kind>`` or ``<kind>/<label>`` (several instances of one kind, each with
+Tasks are named ``<kind>`` or ``<kind>/<variant>`` (several instances of one kind, each with
 its own data, runs and rows); a task's ``sweep`` expands it into one task per grid point
 (seqmix.study.table). Validating imports the task and mixer classes, so it needs torch.
 """
@@ -38,7 +38,7 @@ _SECTION_MODELS: dict[str, type[TaskCommon]] = {}
 
 
 def task_section_model(kind: str) -> type[TaskCommon]:
-    """The model of a ``tasks.<kind>[/<label>]`` section: the kind's settings + TaskCommon."""
+    """The model of a ``tasks.<kind>[/<variant>]`` section: the kind's settings + TaskCommon."""
     if kind not in _SECTION_MODELS:
         settings = task_class(kind).Settings
         _SECTION_MODELS[kind] = create_model(f"{settings.__name__}Section", __base__=(settings, TaskCommon))
@@ -81,7 +81,7 @@ def _validate_tasks(raw_tasks: Mapping, errors: list, allowed: dict) -> dict[str
     for name, body in raw_tasks.items():
         kind = catalogue.kind_of(name)
         if not TASK_NAME.match(name):
-            errors.append({"type": "value_error", "loc": ("tasks", name), "msg": "a task name is <kind> or <kind>/<label>, of letters, digits and _.+- only"})
+            errors.append({"type": "value_error", "loc": ("tasks", name), "msg": "a task name is <kind> or <kind>/<variant>, of letters, digits and _.+- only"})
             continue
         if kind not in catalogue.task_kinds():
             errors.append({"type": "value_error", "loc": ("tasks", name),
@@ -143,7 +143,7 @@ def _cross_checks(study: Study) -> list[str]:
     problems = []
     # A task with a sweep can be named whole (every point) or one point at a time.
     names = [n for name, section in study.tasks.items()
-             for n in [name, *(f"{name}/{label}" for label, _, _ in sweep_points(section))]]
+             for n in [name, *(f"{name}/{point}" for point, _, _ in sweep_points(section))]]
     sp, geo = study.analysis.sparsity, study.analysis.geometry
     for key, value in [("analysis.sparsity.tasks", t) for t in (sp.tasks or [])] + [
             ("analysis.sparsity.fallback_task", None if sp.fallback_task == "auto" else sp.fallback_task),

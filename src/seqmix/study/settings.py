@@ -415,7 +415,7 @@ class StudyFile(Section):
     tokenizer: TokenizerSettings = TokenizerSettings()
     architectures: list[ArchName] = Field(min_length=1)  # type: ignore[valid-type]
     seeds: list[int] = Field(min_length=1)
-    tasks: dict[str, dict[str, Any]] = Field(min_length=1, description="task name (<kind> or <kind>/<label>) -> its section")
+    tasks: dict[str, dict[str, Any]] = Field(min_length=1, description="task name (<kind> or <kind>/<variant>) -> its section")
     mixers: dict[ArchName, dict[str, Any]] = Field(default_factory=dict, description="per-architecture options, e.g. {grassmann: {rank: 32}}")  # type: ignore[valid-type]
     analysis: AnalysisSettings = AnalysisSettings()
     report: ReportSettings = ReportSettings()

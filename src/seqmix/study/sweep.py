@@ -19,7 +19,7 @@ SHORT = {"d_model": "d", "n_layers": "layers", "lr": "lr", "batch_size": "bs", "
 
 
 
-def _point_label(axes: dict[str, Any]) -> str:
+def _point_name(axes: dict[str, Any]) -> str:
     def fmt(v: Any) -> str:
         if isinstance(v, bool):
             return "on" if v else "off"
@@ -45,7 +45,7 @@ def sweep_points(section: TaskCommon) -> list[tuple[str, dict[str, Any], TaskCom
     out = []
     for values in itertools.product(*(section.sweep[k] for k in keys)):
         axes = dict(zip(keys, values))
-        out.append((_point_label(axes), axes, _with(section, axes)))
+        out.append((_point_name(axes), axes, _with(section, axes)))
     return out
 
 

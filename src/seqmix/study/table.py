@@ -1,7 +1,9 @@
-"""A validated study as lists of things to do: its tasks (sweeps expanded), its runs, where
-each run and each task's data live, and the spec every job receives (the words: seqmix.study).
+"""A validated study expanded once: its tasks (sweeps expanded), its runs, what each analysis
+reads, where each run and each task's data live, and the spec every job receives (the words:
+seqmix.study). ``expand(study)`` makes it, an ``Expansion``, once per process; the job table,
+the preflight, the plan and the tools read that one object and never expand the study again.
 
-Names: a task is ``<kind>`` or ``<kind>/<label>``; a task with a ``sweep`` becomes one
+Names: a task is ``<kind>`` or ``<kind>/<variant>``; a task with a ``sweep`` becomes one
 task per grid point, ``<task>/<point>`` (e.g. ``mqar/L64-kv4/d64-lr0.001``), whose ``group``
 is the task it came from: the points of a sweep share the group's data directory. A
 result row carries the sweep's axes (``axes``) so that figures can pick the best point.
@@ -13,6 +15,7 @@ builds its rules from (seqmix.study.dag), each job with the spec it reads and no
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -46,129 +49,239 @@ class Run(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class StudyTask:
-    """One task of the study after sweep expansion."""
+    """One task of the study after sweep expansion, with the seeds of each architecture it
+    trains (non-causal-only mixers skip language-model tasks)."""
 
     name: str
     group: str
     kind: str
     section: TaskCommon  # its settings, model and train at this point
     axes: dict[str, Any]
+    seeds: dict[str, tuple[int, ...]]  # by architecture, in the study's order
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(self.seeds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Expansion:
+    """A validated study expanded once (``expand``): every task and run, and what each analysis
+    reads, as fields; paths and job specs, built from them, as methods. Made once per process
+    and passed where the study was: nothing downstream expands the sweeps again."""
+
+    study: Study
+    tasks: dict[str, StudyTask]  # by name, sweeps expanded, in the config's order
+    runs: tuple[Run, ...]  # every (task, arch, seed) the study trains, task by task
+    sparsity_runs: tuple[Run, ...]  # those whose trained attention the sparsity analysis measures
+    geometry_runs: tuple[Run, ...]  # those the geometry analysis reads
+    copy_probe_task: StudyTask | None  # the recall task whose models the copy probe takes
+    copy_probe_architectures: tuple[str, ...]
+    complexity_architectures: tuple[str, ...]
+    throughput_architectures: tuple[str, ...]
+
+    # -- tasks and paths ---------------------------------------------------------------------
+
+    def task(self, name: str) -> StudyTask:
+        if name not in self.tasks:
+            raise KeyError(f"task {name!r} is not in this study; tasks: {', '.join(self.tasks)}")
+        return self.tasks[name]
+
+    @property
+    def groups(self) -> list[str]:
+        """The tasks as written in the config (before sweep expansion): one data directory each."""
+        return list(self.study.tasks)
+
+    def run_dir(self, run: Run) -> Path:
+        return Path(self.study.results_dir) / "runs" / run.task / run.arch / f"seed{run.seed}"
+
+    @property
+    def report_dir(self) -> Path:
+        """Where the study's report is built: its figures/, tables/, report.pdf and report.html.
+        Under its own results_dir, so that no other study writes there (a shared folder would
+        let one study's report stand, up to date in Snakemake's eyes, for another's)."""
+        return Path(self.study.results_dir) / "report"
+
+    def data_dir(self, group: str) -> Path:
+        return Path(self.study.data.dir) / group
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return Path(self.study.data.dir) / "tokenizer"
+
+    def needs_tokenizer(self, group: str) -> bool:
+        return task_class(catalogue.kind_of(group)).needs_tokenizer
+
+    # -- job specs ---------------------------------------------------------------------------
+
+    def run_spec(self, task: str, arch: str, seed: int) -> TrainJob:
+        found, study = self.task(task), self.study
+        if arch not in found.seeds:
+            raise KeyError(f"architecture {arch!r} does not train on {task!r}; it trains: "
+                           f"{', '.join(found.architectures)}")
+        return TrainJob(
+            numerics=study.numerics, profile=study.profile, task=found.name, kind=found.kind, group=found.group, axes=found.axes, arch=arch,
+            seed=int(seed), run_dir=str(self.run_dir(Run(task, arch, seed))),
+            data_dir=str(self.data_dir(found.group)), tokenizer_dir=str(self.tokenizer_dir),
+            data=study.data, tokenizer=study.tokenizer, train=found.section.train,
+            # The block and positions this architecture trains with, resolved and recorded.
+            model=found.section.model.model_copy(update={"block": found.section.model.block_for(arch),
+                                                         "positions": found.section.model.positions_for(arch)}),
+            mixer_options=self._mixer_options(found.section, arch),
+            settings=settings_of(found.kind, found.section).model_dump(mode="json"),
+        )
+
+    @functools.cached_property
+    def arch_specs(self) -> tuple[TrainJob, ...]:
+        """One run spec per (task, architecture), at seed 0, in the study's order: what every
+        run of it costs per step, whatever its seed (the plan counts them, the preflight checks
+        them). Built at the first read, kept with the expansion."""
+        return tuple(self.run_spec(task.name, arch, 0) for task in self.tasks.values() for arch in task.seeds)
+
+    def _mixer_options(self, section: TaskCommon, arch: str) -> dict[str, Any]:
+        """A mixer's complete options on a task: its defaults, the study's ``mixers.<arch>``,
+        then the task's own ``mixers.<arch>`` (Zoology's H3 d_state = L on each MQAR length)."""
+        return mixer_options(arch, {**self.study.mixers.get(arch, {}), **section.mixers.get(arch, {})})
+
+    def data_job(self, group: str) -> DataJob:
+        section, kind = self.study.tasks[group], catalogue.kind_of(group)
+        return DataJob(kind=kind, group=group, out_dir=str(self.data_dir(group)), tokenizer_dir=str(self.tokenizer_dir),
+                       data=self.study.data, tokenizer=self.study.tokenizer,
+                       settings=settings_of(kind, section).model_dump(mode="json"))
+
+    def tokenizer_job(self) -> TokenizerJob:
+        return TokenizerJob(out_dir=str(self.tokenizer_dir), data=self.study.data, tokenizer=self.study.tokenizer)
+
+    # -- analysis job specs: each holds what its command reads, so that an edit elsewhere in
+    # the study leaves it, and its results, alone.
+
+    def _options_of(self, archs: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        return {arch: options for arch, options in self.study.mixers.items() if arch in archs}
+
+    def collect_job(self) -> CollectJob:
+        return CollectJob(run_dirs=[str(self.run_dir(r)) for r in self.runs])
+
+    def complexity_job(self) -> ComplexityJob:
+        archs = list(self.complexity_architectures)
+        return ComplexityJob(numerics=self.study.numerics, architectures=archs, mixers=self._options_of(archs),
+                             complexity=self.study.analysis.complexity)
+
+    def throughput_job(self) -> ThroughputJob:
+        archs = list(self.throughput_architectures)  # softmax is timed too: the ratios are to it
+        return ThroughputJob(numerics=self.study.numerics, architectures=archs, mixers=self._options_of([*archs, catalogue.BASELINE]),
+                             throughput=self.study.analysis.throughput)
+
+    def sparsity_job(self, among: list[Run] | tuple[Run, ...] | None = None) -> SparsityJob:
+        """The sparsity of the runs ``among`` (default: every run the analysis measures)."""
+        chosen = self.sparsity_runs if among is None else among
+        return SparsityJob(numerics=self.study.numerics, run_dirs=[str(self.run_dir(r)) for r in chosen],
+                           sparsity=self.study.analysis.sparsity)
+
+    def copy_probe_job(self) -> CopyProbeJob | None:
+        """The copy probe, or None where the study has no MQAR task for it (or it is off)."""
+        task, probe = self.copy_probe_task, self.study.analysis.copy_probe
+        if task is None:
+            return None
+        archs = list(self.copy_probe_architectures)
+        # The task's optimiser but for the probe's own schedule: an edit of the task's lr or
+        # steps leaves the probe (and its result) alone.
+        train = task.section.train
+        return CopyProbeJob(
+            numerics=self.study.numerics, task=task.name, architectures=archs,
+            model=task.section.model.model_copy(update={"d_model": probe.d_model, "budget": Budget()}),
+            mixers={a: self._mixer_options(task.section, a) for a in archs},
+            train=TrainSettings(steps=probe.steps, batch_size=probe.batch_size, lr=probe.lr,
+                                warmup_steps=probe.warmup_steps, weight_decay=train.weight_decay, betas=train.betas,
+                                min_lr_ratio=train.min_lr_ratio, grad_clip=train.grad_clip, device=train.device,
+                                reference_mixers=train.reference_mixers),
+            copy_probe=probe)
+
+    def geometry_job(self) -> GeometryJob:
+        return GeometryJob(numerics=self.study.numerics, run_dirs=[str(self.run_dir(r)) for r in self.geometry_runs],
+                           geometry=self.study.analysis.geometry)
 
 
 # ------------------------------------------------------------------------------------------
-# Tasks, runs and paths.
+# Expanding a study: its tasks and runs, then what each analysis takes of them.
 # ------------------------------------------------------------------------------------------
 
 
-def study_tasks(study: Study) -> list[StudyTask]:
-    out = []
+def expand(study: Study) -> Expansion:
+    """The study expanded once: every task (sweeps expanded), run and analysis selection."""
+    tasks = {task.name: task for task in _study_tasks(study)}
+    runs = tuple(Run(task.name, arch, seed) for task in tasks.values() for arch, seeds in task.seeds.items()
+                 for seed in seeds)
+    analysis = study.analysis
+    causal = [a for a in study.architectures if mixer_class(a).supports_causal]
+    return Expansion(
+        study=study, tasks=tasks, runs=runs,
+        sparsity_runs=_sparsity_runs(study, tasks, runs), geometry_runs=_geometry_runs(study, tasks, runs),
+        copy_probe_task=_copy_probe_task(study, tasks),
+        copy_probe_architectures=tuple(analysis.copy_probe.architectures or causal),
+        complexity_architectures=tuple(_chosen(analysis.complexity.architectures, study)),
+        throughput_architectures=tuple(_chosen(analysis.throughput.architectures, study)),
+    )
+
+
+def _study_tasks(study: Study) -> Iterator[StudyTask]:
     for name, section in study.tasks.items():
         kind = catalogue.kind_of(name)
         points = sweep_points(section)
         if not points:
-            out.append(StudyTask(name, name, kind, section, {}))
-        out += [StudyTask(f"{name}/{label}", name, kind, s, axes) for label, axes, s in points]
-    return out
+            yield StudyTask(name, name, kind, section, {}, _seeds(study, kind, section))
+        for point, axes, at in points:
+            yield StudyTask(f"{name}/{point}", name, kind, at, axes, _seeds(study, kind, at))
 
 
-def study_task(study: Study, name: str) -> StudyTask:
-    for v in study_tasks(study):
-        if v.name == name:
-            return v
-    raise KeyError(f"task {name!r} is not in this study; tasks: {', '.join(v.name for v in study_tasks(study))}")
-
-
-def groups(study: Study) -> list[str]:
-    """The tasks as written in the config (before sweep expansion): one data directory each."""
-    return list(study.tasks)
-
-
-def task_architectures(study: Study, v: StudyTask) -> list[str]:
-    """The architectures a task trains: non-causal-only mixers skip language-model tasks."""
-    archs = v.section.architectures or study.architectures
-    if task_class(v.kind).is_language_model:
+def _seeds(study: Study, kind: str, section: TaskCommon) -> dict[str, tuple[int, ...]]:
+    """The seeds of each architecture a task trains: non-causal-only mixers skip language-model
+    tasks."""
+    archs = section.architectures or study.architectures
+    if task_class(kind).is_language_model:
         archs = [a for a in archs if mixer_class(a).supports_causal]
-    return list(archs)
+    return {arch: tuple(section.seeds_for(arch, study.seeds)) for arch in archs}
 
 
-def _trained(study: Study) -> Iterator[tuple[StudyTask, str, int]]:
-    for v in study_tasks(study):
-        for arch in task_architectures(study, v):
-            for seed in v.section.seeds_for(arch, study.seeds):
-                yield v, arch, seed
+def _language_model_tasks(tasks: dict[str, StudyTask]) -> list[str]:
+    return [task.name for task in tasks.values() if task_class(task.kind).is_language_model]
 
 
-def runs(study: Study) -> list[Run]:
-    """Every (task, arch, seed) the study trains."""
-    return [Run(v.name, arch, seed) for v, arch, seed in _trained(study)]
+def _sparsity_runs(study: Study, tasks: dict[str, StudyTask], runs: tuple[Run, ...]) -> tuple[Run, ...]:
+    """The runs whose trained attention the sparsity analysis measures: every run of
+    ``analysis.sparsity.tasks`` (default: the first language-model task), and, for
+    architectures with no run there (non-causal-only mixers on a language-model task),
+    their runs of ``fallback_task`` (``auto``: the first task that has them)."""
+    spec = study.analysis.sparsity
+    chosen = set(spec.tasks or _language_model_tasks(tasks)[:1])
+    primary = [r for r in runs if r.task in chosen or tasks[r.task].group in chosen]
+    covered = {r.arch for r in primary}
+    missing = [a for a in study.architectures if a not in covered]
+    fallback = spec.fallback_task
+    if fallback == "auto":
+        fallback = next((r.task for r in runs if r.arch in missing), None)
+    return tuple(primary + [r for r in runs if fallback and r.task == fallback and r.arch in missing])
 
 
-def run_dir(study: Study, run: Run) -> Path:
-    return Path(study.results_dir) / "runs" / run.task / run.arch / f"seed{run.seed}"
+def _geometry_runs(study: Study, tasks: dict[str, StudyTask], runs: tuple[Run, ...]) -> tuple[Run, ...]:
+    task = study.analysis.geometry.task or next(iter(_language_model_tasks(tasks)), None)
+    return tuple(r for r in runs if task in (r.task, tasks[r.task].group))
 
 
-def report_dir(study: Study) -> Path:
-    """Where the study's report is built: its figures/, tables/, report.pdf and report.html.
-    Under its own results_dir, so that no other study writes there (a shared folder would let
-    one study's report stand, up to date in Snakemake's eyes, for another's)."""
-    return Path(study.results_dir) / "report"
+def _copy_probe_task(study: Study, tasks: dict[str, StudyTask]) -> StudyTask | None:
+    """The recall task (MQAR) whose model settings the copy probe takes:
+    ``analysis.copy_probe.task`` (a swept task: its first point), ``auto``: the study's first
+    recall task; None when it is null or the study has none (no probe)."""
+    chosen = study.analysis.copy_probe.task
+    recall = [task for task in tasks.values() if task_class(task.kind).is_recall]
+    if chosen == "auto":
+        return next(iter(recall), None)
+    return next((task for task in recall if chosen in (task.name, task.group)), None)
 
 
-def data_dir(study: Study, group: str) -> Path:
-    return Path(study.data.dir) / group
-
-
-def tokenizer_dir(study: Study) -> Path:
-    return Path(study.data.dir) / "tokenizer"
-
-
-def needs_tokenizer(study: Study, group: str) -> bool:
-    return task_class(catalogue.kind_of(group)).needs_tokenizer
-
-
-# ------------------------------------------------------------------------------------------
-# Job specs.
-# ------------------------------------------------------------------------------------------
-
-
-def run_spec(study: Study, task: str, arch: str, seed: int) -> TrainJob:
-    return _run_spec(study, study_task(study, task), arch, seed)
-
-
-def _run_spec(study: Study, v: StudyTask, arch: str, seed: int) -> TrainJob:
-    task = v.name
-    if arch not in task_architectures(study, v):
-        raise KeyError(f"architecture {arch!r} does not train on {task!r}; it trains: "
-                       f"{', '.join(task_architectures(study, v))}")
-    return TrainJob(
-        numerics=study.numerics, profile=study.profile, task=v.name, kind=v.kind, group=v.group, axes=v.axes, arch=arch,
-        seed=int(seed), run_dir=str(run_dir(study, Run(task, arch, seed))),
-        data_dir=str(data_dir(study, v.group)), tokenizer_dir=str(tokenizer_dir(study)),
-        data=study.data, tokenizer=study.tokenizer, train=v.section.train,
-        # The block and positions this architecture trains with, resolved and recorded.
-        model=v.section.model.model_copy(update={"block": v.section.model.block_for(arch),
-                                                 "positions": v.section.model.positions_for(arch)}),
-        mixer_options=task_mixer_options(study, v.section, arch),
-        settings=settings_of(v.kind, v.section).model_dump(mode="json"),
-    )
-
-
-def task_mixer_options(study: Study, section: TaskCommon, arch: str) -> dict[str, Any]:
-    """A mixer's complete options on a task: its defaults, the study's ``mixers.<arch>``,
-    then the task's own ``mixers.<arch>`` (Zoology's H3 d_state = L on each MQAR length)."""
-    return mixer_options(arch, {**study.mixers.get(arch, {}), **section.mixers.get(arch, {})})
-
-
-def data_job(study: Study, group: str) -> DataJob:
-    section = study.tasks[group]
-    kind = catalogue.kind_of(group)
-    return DataJob(kind=kind, group=group, out_dir=str(data_dir(study, group)),
-                   tokenizer_dir=str(tokenizer_dir(study)), data=study.data, tokenizer=study.tokenizer,
-                   settings=settings_of(kind, section).model_dump(mode="json"))
-
-
-def tokenizer_job(study: Study) -> TokenizerJob:
-    return TokenizerJob(out_dir=str(tokenizer_dir(study)), data=study.data, tokenizer=study.tokenizer)
+def _chosen(architectures: str | list[str] | None, study: Study) -> list[str]:
+    """An analysis's ``architectures``: ``all`` (every catalogued mixer), a list, or null (the
+    study's)."""
+    return catalogue.mixer_names() if architectures == "all" else list(architectures or study.architectures)
 
 
 # ------------------------------------------------------------------------------------------
@@ -185,119 +298,6 @@ def finished(run_dirs: list[str] | list[Path]) -> list[Path]:
     return [Path(d) for d in run_dirs if run_status(Path(d)) == "ok"]
 
 
-def language_model_tasks(study: Study) -> list[str]:
-    return [v.name for v in study_tasks(study) if task_class(v.kind).is_language_model]
-
-
-def sparsity_runs(study: Study) -> list[Run]:
-    """The runs whose trained attention the sparsity analysis measures: every run of
-    ``analysis.sparsity.tasks`` (default: the first language-model task), and, for
-    architectures with no run there (non-causal-only mixers on a language-model task),
-    their runs of ``fallback_task`` (``auto``: the first task that has them)."""
-    spec = study.analysis.sparsity
-    all_runs = runs(study)
-    tasks = set(spec.tasks or language_model_tasks(study)[:1])
-    group = {v.name: v.group for v in study_tasks(study)}
-    primary = [r for r in all_runs if r.task in tasks or group[r.task] in tasks]
-    covered = {r.arch for r in primary}
-    missing = [a for a in study.architectures if a not in covered]
-    fallback = spec.fallback_task
-    if fallback == "auto":
-        fallback = next((r.task for r in all_runs if r.arch in missing), None)
-    return primary + [r for r in all_runs if fallback and r.task == fallback and r.arch in missing]
-
-
-def geometry_runs(study: Study) -> list[Run]:
-    task = study.analysis.geometry.task or next(iter(language_model_tasks(study)), None)
-    group = {v.name: v.group for v in study_tasks(study)}
-    return [r for r in runs(study) if task in (r.task, group[r.task])]
-
-
-def copy_probe_task(study: Study) -> StudyTask | None:
-    """The recall task (MQAR) whose model settings the copy probe takes:
-    ``analysis.copy_probe.task`` (a swept task: its first point), ``auto``: the study's first
-    recall task; None when it is null or the study has none (no probe)."""
-    chosen = study.analysis.copy_probe.task
-    recall = [v for v in study_tasks(study) if task_class(v.kind).is_recall]
-    if chosen == "auto":
-        return next(iter(recall), None)
-    return next((v for v in recall if chosen in (v.name, v.group)), None)
-
-
-def copy_probe_architectures(study: Study) -> list[str]:
-    """``analysis.copy_probe.architectures``, else the study's that have a causal form."""
-    return list(study.analysis.copy_probe.architectures
-                or [a for a in study.architectures if mixer_class(a).supports_causal])
-
-
-def complexity_architectures(study: Study) -> list[str]:
-    chosen = study.analysis.complexity.architectures
-    if chosen == "all":
-        return catalogue.mixer_names()
-    return list(chosen or study.architectures)
-
-
-def throughput_architectures(study: Study) -> list[str]:
-    """The architectures ``analysis.throughput.architectures`` names (null: the study's)."""
-    chosen = study.analysis.throughput.architectures
-    return catalogue.mixer_names() if chosen == "all" else list(chosen or study.architectures)
-
-
-# ------------------------------------------------------------------------------------------
-# Analysis job specs: each holds what its command reads, so that an edit elsewhere in the
-# study leaves it, and its results, alone.
-# ------------------------------------------------------------------------------------------
-
-
-def _options_of(study: Study, archs: list[str]) -> dict[str, dict[str, Any]]:
-    return {arch: options for arch, options in study.mixers.items() if arch in archs}
-
-
-def collect_job(study: Study) -> CollectJob:
-    return CollectJob(run_dirs=[str(run_dir(study, r)) for r in runs(study)])
-
-
-def complexity_job(study: Study) -> ComplexityJob:
-    archs = complexity_architectures(study)
-    return ComplexityJob(numerics=study.numerics, architectures=archs, mixers=_options_of(study, archs), complexity=study.analysis.complexity)
-
-
-def throughput_job(study: Study) -> ThroughputJob:
-    archs = throughput_architectures(study)  # softmax is timed too: the ratios are to it
-    return ThroughputJob(numerics=study.numerics, architectures=archs, mixers=_options_of(study, [*archs, catalogue.BASELINE]),
-                         throughput=study.analysis.throughput)
-
-
-def sparsity_job(study: Study, among: list[Run] | None = None) -> SparsityJob:
-    """The sparsity of the runs ``among`` (default: every run the analysis measures)."""
-    chosen = sparsity_runs(study) if among is None else among
-    return SparsityJob(numerics=study.numerics, run_dirs=[str(run_dir(study, r)) for r in chosen], sparsity=study.analysis.sparsity)
-
-
-def copy_probe_job(study: Study) -> CopyProbeJob | None:
-    """The copy probe, or None where the study has no MQAR task for it (or it is off)."""
-    v, probe = copy_probe_task(study), study.analysis.copy_probe
-    if v is None:
-        return None
-    archs = copy_probe_architectures(study)
-    # The task's optimiser but for the probe's own schedule: an edit of the task's lr or
-    # steps leaves the probe (and its result) alone.
-    train = v.section.train
-    return CopyProbeJob(
-        numerics=study.numerics, task=v.name, architectures=archs,
-        model=v.section.model.model_copy(update={"d_model": probe.d_model, "budget": Budget()}),
-        mixers={a: task_mixer_options(study, v.section, a) for a in archs},
-        train=TrainSettings(steps=probe.steps, batch_size=probe.batch_size, lr=probe.lr, warmup_steps=probe.warmup_steps,
-                        weight_decay=train.weight_decay, betas=train.betas, min_lr_ratio=train.min_lr_ratio,
-                        grad_clip=train.grad_clip, device=train.device, reference_mixers=train.reference_mixers),
-        copy_probe=probe)
-
-
-def geometry_job(study: Study) -> GeometryJob:
-    return GeometryJob(numerics=study.numerics, run_dirs=[str(run_dir(study, r)) for r in geometry_runs(study)],
-                       geometry=study.analysis.geometry)
-
-
 # ------------------------------------------------------------------------------------------
 # The job table.
 # ------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def geometry_job(study: Study) -> GeometryJob:
 NOTEBOOKS_GLOB = "notebooks/*.ipynb"  # the report's notebooks, in the checkout
 
 
-def job_code(study: Study) -> dict[str, Any]:
+def job_code(expansion: Expansion) -> dict[str, Any]:
     """Each job's code (seqmix.sources.code_of: the modules its command runs and their closure,
     as files and one digest): what Snakemake reruns the job on. Training and evaluation by
     ``"<arch> <kind>"``; data by group; the analyses by name, each its module and the mixers it
@@ -320,22 +320,22 @@ def job_code(study: Study) -> dict[str, Any]:
     def mixers(archs) -> list[str]:
         return [catalogue.mixer_entry(a).path.partition(":")[0] for a in archs]
 
-    pairs = sorted({(arch, v.kind) for v, arch, _ in _trained(study)})
-    probe = copy_probe_task(study)
+    pairs = sorted({(r.arch, expansion.tasks[r.task].kind) for r in expansion.runs})
+    probe = expansion.copy_probe_task
     analyses = {
         "collect": ["seqmix.report.collect"],
         "concat": ["seqmix.io"],
-        "complexity": ["seqmix.analysis.complexity", *mixers(complexity_architectures(study))],
-        "throughput": ["seqmix.analysis.throughput", *mixers([*throughput_architectures(study), catalogue.BASELINE])],
+        "complexity": ["seqmix.analysis.complexity", *mixers(expansion.complexity_architectures)],
+        "throughput": ["seqmix.analysis.throughput", *mixers([*expansion.throughput_architectures, catalogue.BASELINE])],
         "sparsity_run": ["seqmix.analysis.sparsity"],
         "sparsity_analytic": ["seqmix.analysis.su"],
         "geometry": ["seqmix.analysis.geometry"],
         **({"copy_probe": ["seqmix.analysis.copy_probe", catalogue.task_entry(probe.kind).path.partition(":")[0],
-                           *mixers(copy_probe_architectures(study))]} if probe else {}),
+                           *mixers(expansion.copy_probe_architectures)]} if probe else {}),
     }
     return {
         "tokenizer": code(["seqmix.data.tokenizer"]),
-        "data": {g: code([catalogue.task_entry(catalogue.kind_of(g)).path.partition(":")[0]]) for g in groups(study)},
+        "data": {g: code([catalogue.task_entry(catalogue.kind_of(g)).path.partition(":")[0]]) for g in expansion.groups},
         "train": {f"{a} {k}": code(run_modules(a, k)) for a, k in pairs},
         "eval": {f"{a} {k}": code(run_modules(a, k, EVALUATION)) for a, k in pairs},
         "analyses": {name: code(modules) for name, modules in analyses.items()},
@@ -343,30 +343,33 @@ def job_code(study: Study) -> dict[str, Any]:
     }
 
 
-def job_table(study: Study) -> dict[str, Any]:
+def job_table(expansion: Expansion) -> dict[str, Any]:
     """The study as the Snakefile reads it (seqmix.study.dag): path patterns, every task, run and
     analysis with its spec, and the resources each rule declares; plain JSON data. Specs
     are the JSON text each command takes, as pydantic writes it (``--spec``)."""
-    tasks = {v.name: {"group": v.group, "threads": v.section.train.threads,
-                      "resources": {rule: (getattr(v.section.resources, rule) or getattr(study.resources, rule)).model_dump()
-                                    for rule in ("train", "eval")}}
-             for v in study_tasks(study)}
-    collect, geometry, copy_probe = collect_job(study), geometry_job(study), copy_probe_job(study)
+    study = expansion.study
+    tasks = {task.name: {"group": task.group, "threads": task.section.train.threads,
+                         "resources": {rule: (getattr(task.section.resources, rule) or getattr(study.resources, rule)).model_dump()
+                                       for rule in ("train", "eval")}}
+             for task in expansion.tasks.values()}
+    collect, geometry = expansion.collect_job(), expansion.geometry_job()
+    copy_probe = expansion.copy_probe_job()
     return {
         "study": study.model_dump(mode="json"),
-        "paths": {"results": study.results_dir, "report": str(report_dir(study)), "data": str(data_dir(study, "{group}")),
-                  "tokenizer": str(tokenizer_dir(study)), "run": str(run_dir(study, Run("{task}", "{arch}", "{seed}")))},
+        "paths": {"results": study.results_dir, "report": str(expansion.report_dir),
+                  "data": str(expansion.data_dir("{group}")), "tokenizer": str(expansion.tokenizer_dir),
+                  "run": str(expansion.run_dir(Run("{task}", "{arch}", "{seed}")))},
         "resources": study.resources.model_dump(),
-        "tokenizer": {"spec": tokenizer_job(study).model_dump_json()},
-        "groups": {g: {"needs_tokenizer": needs_tokenizer(study, g), "spec": data_job(study, g).model_dump_json()}
-                   for g in groups(study)},
+        "tokenizer": {"spec": expansion.tokenizer_job().model_dump_json()},
+        "groups": {g: {"needs_tokenizer": expansion.needs_tokenizer(g), "spec": expansion.data_job(g).model_dump_json()}
+                   for g in expansion.groups},
         "tasks": tasks,
-        "runs": [{"task": v.name, "arch": arch, "seed": seed, "spec": _run_spec(study, v, arch, seed).model_dump_json()}
-                 for v, arch, seed in _trained(study)],
+        "runs": [{"task": r.task, "arch": r.arch, "seed": r.seed, "spec": expansion.run_spec(*r).model_dump_json()}
+                 for r in expansion.runs],
         "analyses": {
             "collect": {"spec": collect.model_dump_json(), "run_dirs": collect.run_dirs},
-            "complexity": {"spec": complexity_job(study).model_dump_json()},
-            "throughput": {"spec": throughput_job(study).model_dump_json()},
+            "complexity": {"spec": expansion.complexity_job().model_dump_json()},
+            "throughput": {"spec": expansion.throughput_job().model_dump_json()},
             "sparsity_analytic": {"spec": study.analysis.sparsity_analytic.model_dump_json()},
             "geometry": {"spec": geometry.model_dump_json(), "run_dirs": geometry.run_dirs},
             # Only where the study has an MQAR task to take its models from.
@@ -374,6 +377,6 @@ def job_table(study: Study) -> dict[str, Any]:
         },
         # One sparsity job per run, whose spec names that run alone.
         "sparsity_runs": [{"task": r.task, "arch": r.arch, "seed": r.seed,
-                           "spec": sparsity_job(study, [r]).model_dump_json()} for r in sparsity_runs(study)],
-        "code": job_code(study),
+                           "spec": expansion.sparsity_job([r]).model_dump_json()} for r in expansion.sparsity_runs],
+        "code": job_code(expansion),
     }

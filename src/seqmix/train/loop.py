@@ -80,7 +80,7 @@ def memory_problem(task: Task, model: torch.nn.Module, batch_size: int, device: 
     have = measure.available_memory(device.type)
     if need <= have:
         return None
-    return (f"a training step of {task.spec.label} needs about {need / GIB:.1f} GiB (its forward and backward "
+    return (f"a training step of {task.spec.run_name} needs about {need / GIB:.1f} GiB (its forward and backward "
             f"at batch {batch_size}, weights and AdamW's moments), and this machine has {have / GIB:.1f} GiB "
             "available: lower train.batch_size or model.d_model, or run it on a GPU with that much memory "
             "(python -m seqmix plan shows every run's)")
@@ -98,7 +98,7 @@ def run_code(spec: TrainJob, planned: str | None = None) -> Code:
     its results would be recorded under a digest they were not made by."""
     code = code_of(run_modules(spec.arch, spec.kind))
     if planned is not None and planned != code.digest:
-        raise CodeChanged(f"the code of run {spec.label} changed after the workflow planned it (planned "
+        raise CodeChanged(f"the code of run {spec.run_name} changed after the workflow planned it (planned "
                           f"digest {planned}, this checkout's {code.digest}): run the workflow again, which "
                           "plans it with the code as it is now")
     return code
@@ -321,7 +321,7 @@ def train_steps(run: Run, progress: bool) -> None:
     """Step from the run's current step to its last (or to a non-finite loss), logging,
     evaluating and checkpointing on schedule; sets ``run.state.status``."""
     train_cfg, state = run.spec.train, run.state
-    bar = tqdm(total=train_cfg.steps, initial=state.step, desc=run.spec.label, disable=not progress,
+    bar = tqdm(total=train_cfg.steps, initial=state.step, desc=run.spec.run_name, disable=not progress,
                mininterval=2.0, file=sys.stderr)
     while state.step < train_cfg.steps:
         out = train_step(run)
