@@ -168,7 +168,8 @@ STACK = [
     ("seqmix.mixers", 3),
     ("seqmix.kernels", 2),
     ("seqmix.study.settings", 1), ("seqmix.study.jobs", 1), ("seqmix.study.sweep", 1),
-    ("seqmix.study", 0),  # the package: its glossary; it imports nothing
+    ("seqmix.study", 0),  # the package: what it holds; it imports nothing
+    ("seqmix.study.glossary", 0),  # the words: imported by nothing
     ("seqmix.sources", 0),  # read by the job table (the Snakefile's side) and by training
     ("seqmix.device", 0),  # the torch device a config names, and a device's folder name
     ("seqmix.flop_formulas", 0),  # custom ops' FLOPs, registered by kernels and read by the counter

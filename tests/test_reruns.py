@@ -82,6 +82,8 @@ def test_a_runs_code_is_narrow():
     assert {"src/seqmix/mixers/softmax.py", "src/seqmix/train/loop.py", "src/seqmix/tasks/mqar.py"} <= softmax
     assert not {p for p in softmax if p.startswith("kernels/")}, sorted(softmax)
     assert {"kernels/selective_scan_cpu.py", "kernels/selective_scan_cpu.cpp"} <= mamba
+    # Nor on the words (the glossary is read, not imported).
+    assert "src/seqmix/study/glossary.py" not in softmax | mamba
     # Evaluation and the analyses do not depend on the training loop.
     for module in (sources.EVALUATION, "seqmix.analysis.throughput", "seqmix.analysis.complexity",
                    "seqmix.analysis.sparsity"):

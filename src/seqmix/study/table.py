@@ -1,6 +1,6 @@
 """A validated study expanded once: its tasks (sweeps expanded), its runs, what each analysis
 reads, where each run and each task's data live, and the spec every job receives (the words:
-seqmix.study). ``expand(study)`` makes it, an ``Expansion``, once per process; the job table,
+seqmix.study.glossary). ``expand(study)`` makes it, an ``Expansion``, once per process; the job table,
 the preflight, the plan and the tools read that one object and never expand the study again.
 
 Names: a task is ``<kind>`` or ``<kind>/<variant>``; a task with a ``sweep`` becomes one

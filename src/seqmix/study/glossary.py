@@ -1,0 +1,46 @@
+"""The words of seqmix: each means one thing here, in names, messages, columns and docs alike.
+
+A module of its own that nothing imports, so that editing a definition is no run's code
+(seqmix.sources: a package's ``__init__`` is in the code of every job that imports from it).
+
+- profile: a config file describing a whole study (``config/config.yaml``, the quick one;
+  ``config/paper.yaml``); it may ``extends:`` another. How Snakemake runs the jobs (local,
+  SLURM) is its *executor*: ``workflow/executors/``, passed to ``snakemake --profile``.
+- study: a profile read with the schema's defaults and validated (``settings.Study``).
+- expansion: a study expanded once (``table.expand``, a ``table.Expansion``): its tasks (sweeps
+  expanded), runs and analysis selections, with the paths and specs built from them; made once
+  per process and passed where the study was (the job table, the preflight, the plan).
+- settings: the typed keys of one section of a profile (``TrainSettings`` is ``train:``);
+  a task kind adds its own (``TaskSettings``), a mixer its ``Options`` (seqmix.mixers).
+- kind: what a task does (``mqar``, ``wikitext2``, ``snli``): a ``seqmix.tasks`` ``Task``
+  class, one line of ``seqmix.catalogue``.
+- task: one named task of the study, ``<kind>`` or ``<kind>/<variant>`` under ``tasks:`` (a
+  *variant*: one of several tasks of a kind, each with its own settings, data and runs); a
+  ``sweep`` turns it into one task per point of its grid, ``<task>/<point>``
+  (``mqar/L64-kv4/d64-lr0.001``), each carrying the values it sets (its ``axes``). The task
+  as written is its ``group``: the points of a sweep share its data. ``table.StudyTask``,
+  named ``task`` in code (never ``v``).
+- run: one (task, architecture, seed), trained into ``<results_dir>/runs/<task>/<arch>/seed<k>/``;
+  its *name* is ``<task>/<arch>/seed<k>`` (``TrainJob.run_name``), its logs' and messages'.
+- job: one Snakemake job (train a run, evaluate it, an analysis, a notebook); its *spec* is
+  what it reads, a ``*Job`` model of ``jobs`` (``TrainJob`` for a run), given as JSON
+  (``--spec``); the *job table* lists every job of a study with its spec (``table.job_table``).
+- kernel: a fast path of ``kernels/`` (``seqmix.kernels``), registered with the reference it
+  equals in ``seqmix.kernels.registry.KERNELS``. The f of an attention row a_j ∝ f(q·k_j) (exp
+  for softmax, relu², ...) is its *score function* (``analysis.su.SCORE_FUNCTIONS``); only the
+  sparsity analysis's files, as Su does, call it ``kernel`` (sparsity_analytic.csv's column,
+  a claim's key), and keep that name.
+- repository: the checkout, ``seqmix.REPO_ROOT`` (``REPO`` in the workflow's rules and the
+  tests, ``repo:<path>`` in notebooks/outputs.yaml); ``SRC`` is its ``src/`` folder, the
+  package's code (seqmix.study.dag), and nothing else.
+- title: how a table or a figure prints a name: a mixer's or a task kind's ``title`` in
+  ``seqmix.catalogue`` (``catalogue.title(name)``, ``report.style.arch_title``). ``label``
+  keeps the meaning its libraries give it: the targets a model is trained to predict
+  (MQAR's, SNLI's), LaTeX's ``\\label`` and matplotlib's ``label=``.
+- code: a job's code, the modules its command runs and every module of this project they
+  import, found from the imports, as one digest (``seqmix.sources``); a run is identified by
+  its settings and its code, and never resumes a checkpoint of other code.
+- numerics: which code path each CPU library takes (``portable`` pins them, ``native`` lets
+  the host choose: ``seqmix.numerics``); the *fingerprint* is the hash of every mixer's weights
+  after a few steps under them (``seqmix.fingerprint``).
+"""
