@@ -10,22 +10,27 @@ FMA has, and fixes the thread count:
 
 - ``ATEN_CPU_CAPABILITY=avx2``: ATen's AVX2 kernels (no approximate rcp/rsqrt instructions);
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's AVX2 kernels (its AMD-only paths need AVX-512);
-- ``MKL_CBWR=COMPATIBLE``: oneMKL's conditional-numerical-reproducibility branch that is the
-  same on every vendor (SSE2 without rcpps/rsqrtps, fixed blocking). Its AVX2 branch would be
-  faster but exists on Intel CPUs only: elsewhere ``MKL_CBWR=AVX2`` silently runs AUTO
-  (oneMKL developer guide, "Getting Started with Conditional Numerical Reproducibility");
+- ``MKL_CBWR=AVX2,STRICT``: oneMKL's AVX2 conditional-numerical-reproducibility branch, the
+  same kernels on every CPU with AVX2 and FMA, STRICT so that a product's bits do not depend on
+  how its arrays are aligned either. oneMKL offers this branch on Intel CPUs only (elsewhere it
+  silently runs AUTO), so on any other vendor's the CLI first loads a shim that answers
+  oneMKL's vendor check as Intel (seqmix.mkl_vendor, which needs a C compiler once per machine);
+  its vendor-independent COMPATIBLE branch (SSE2) would need none but costs about 1.6x native
+  on an AVX-512 host (docs/numerics-cost.md);
+- ``MKL_ENABLE_INSTRUCTIONS=AVX2``: oneMKL capped at AVX2 as well, which changes nothing under
+  that branch, but a cap of AVX512 set from outside overrides the branch (oneMKL then runs its
+  AVX-512 kernels while still reporting AVX2; docs/numerics-probe.md);
 - one OpenMP and one oneMKL thread (a job that sets its own count, ``train.threads``, keeps it).
 
-``native`` leaves every library to the host: faster where it has AVX-512, results that
-depend on the CPU. It is the default because portable costs well over the 1.10x of native
-this project allows a default on an AVX-512 host, nearly all of it in oneMKL's COMPATIBLE
-matrix products (docs/numerics-cost.md); which library moves the bits: docs/numerics-probe.md;
-the hosts measured: docs/hosts.md.
+``native`` leaves every library to the host: faster where it has AVX-512, results that depend
+on the CPU. What portable costs against it: docs/numerics-cost.md; which library moves the
+bits: docs/numerics-probe.md; the hosts measured: docs/hosts.md.
 
 Standard library only, and nothing here touches the environment: the CLI decides the mode
-from the job's spec or config before torch is imported and sets these variables itself
-(the libraries read them when they load or first run), the Snakefile exports them in every
-job's shell (seqmix.study.dag.shell_prefix).
+from the job's spec or config before torch is imported, sets these variables itself (the
+libraries read them when they load or first run) and loads the shim where it is needed
+(seqmix.cli.pin_numerics); the Snakefile exports the variables in every job's shell
+(seqmix.study.dag.shell_prefix).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
+from seqmix import mkl_vendor
+
 MODES = ("portable", "native")
 DEFAULT = "native"  # why: the module docstring
 
@@ -43,16 +50,27 @@ DEFAULT = "native"  # why: the module docstring
 PINS: dict[str, str] = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "MKL_CBWR": "COMPATIBLE",
+    "MKL_CBWR": "AVX2,STRICT",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
-# What a run's provenance records of its environment: the pins, and the cap that makes a host
-# look like one without AVX-512 to oneMKL (a test sets it).
-VARIABLES = (*PINS, "MKL_ENABLE_INSTRUCTIONS")
+# What a portable process runs, as seqmix.train.provenance reads it back: ATen's capability and
+# oneMKL's branch from the libraries, oneDNN's cap from the environment.
+PINNED = {"aten_capability": ("ATen", "AVX2"), "mkl_branch": ("oneMKL", PINS["MKL_CBWR"]),
+          "mkl_max_isa": ("oneMKL cap", PINS["MKL_ENABLE_INSTRUCTIONS"]),
+          "onednn_max_isa": ("oneDNN cap", PINS["ONEDNN_MAX_CPU_ISA"])}
+VARIABLES = tuple(PINS)  # what a run's provenance records of its environment
 # The flags every portable host has: AVX2 and FMA, the vector part of x86-64-v3.
 MINIMUM = ("avx2", "fma")
 MINIMUM_NAME = "AVX2 and FMA (x86-64-v3)"
+
+
+def differences(record: dict) -> list[str]:
+    """The paths a process ran that portable does not pin (``["oneMKL AUTO"]``: its shim did not take
+    effect), from its numerics record (seqmix.train.provenance.numerics_record); []: every pin held."""
+    return [f"{library} {record.get(key) or 'none'}" for key, (library, pinned) in PINNED.items()
+            if str(record.get(key) or "").upper() != pinned.upper()]
 
 
 def environment(mode: str) -> dict[str, str]:
@@ -113,22 +131,45 @@ def vector_isa(flags: list[str]) -> str:
     return "AVX" if "avx" in have else "SSE"
 
 
+FIX = "or set numerics: native in the config (its results then depend on the CPU that runs them)"
+
+
 def host_problem(mode: str, flags: list[str] | None = None, machine: str | None = None,
-                 model: str | None = None) -> str | None:
+                 model: str | None = None, vendor: str | None = None) -> str | None:
     """Why this host cannot run ``mode`` (None: it can): portable needs an x86-64 CPU with
-    AVX2 and FMA."""
+    AVX2 and FMA, and on a CPU not Intel's a C compiler to build oneMKL's vendor shim once
+    (unless it is built)."""
     if mode != "portable":
         return None
     machine = machine or platform.machine()
-    fix = "or set numerics: native in the config (its results then depend on the CPU that runs them)"
     if machine.lower() not in ("x86_64", "amd64"):
         return (f"numerics: portable pins the x86-64 code paths of ATen, oneDNN and oneMKL, and this host is "
-                f"{machine}: run on an x86-64 host with {MINIMUM_NAME}, {fix}")
+                f"{machine}: run on an x86-64 host with {MINIMUM_NAME}, {FIX}")
     flags = cpu_flags() if flags is None else flags
     missing = [f for f in MINIMUM if f not in flags]
     if missing:
         return (f"numerics: portable needs a CPU with {MINIMUM_NAME}, and this host's "
-                f"({model or cpu_model()}) lacks {', '.join(missing)}: run on such a host, {fix}")
+                f"({model or cpu_model()}) lacks {', '.join(missing)}: run on such a host, {FIX}")
+    vendor = cpu_vendor() if vendor is None else vendor
+    if mkl_vendor.needed(vendor) and not mkl_vendor.path().exists() and mkl_vendor.compiler() is None:
+        return (f"numerics: portable runs oneMKL's AVX2 branch, which on this {vendor or 'unknown vendor'}'s CPU "
+                f"({model or cpu_model()}) needs a small C library built once per machine (seqmix/mkl_vendor.py), "
+                f"and there is no C compiler (cc): install one (e.g. apt-get install gcc), {FIX}")
+    return None
+
+
+def shim_problem(mode: str, vendor: str | None = None) -> str | None:
+    """Build oneMKL's vendor shim where ``mode`` needs it on this host (seqmix.mkl_vendor):
+    None once it is built or where it is not needed, else why not, with the fix."""
+    vendor = cpu_vendor() if vendor is None else vendor
+    if mode != "portable" or not mkl_vendor.needed(vendor):
+        return None
+    try:
+        mkl_vendor.build()
+    except mkl_vendor.ShimError as e:
+        return (f"numerics: portable cannot build the library that makes oneMKL take its AVX2 branch on this "
+                f"{vendor or 'unknown vendor'}'s CPU (seqmix/mkl_vendor.py, into {mkl_vendor.cache_dir()}): {e}; "
+                f"fix the C compiler (cc) or the cache folder (${mkl_vendor.CACHE_ENV}), {FIX}")
     return None
 
 
