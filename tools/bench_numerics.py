@@ -4,9 +4,9 @@
 
 One worker process per numerics (seqmix.numerics: native leaves every library to the host;
 portable pins ATen, oneDNN and oneMKL to AVX2, oneMKL on its AVX2 reproducibility branch in
-STRICT mode, with its vendor shim where the CPU is not Intel's, as the CLI runs it), and two
-beside them: portable's oneMKL branch without STRICT (what STRICT costs), and oneMKL's
-vendor-independent COMPATIBLE branch instead (SSE2: what portable cost before, no shim needed),
+STRICT mode, with oneMKL's shim loaded as the CLI loads it, seqmix/mkl_shim.py), and two beside
+them: portable's oneMKL branch without STRICT (what STRICT costs), and oneMKL's
+vendor-independent COMPATIBLE branch instead (SSE2: what portable cost before, no shim),
 each building every (task, mixer) of config/config.yaml's runs as
 training builds it (WikiText-2 and both MQAR widths; seed 0, the run's batch, one thread, a
 made-up batch of the run's shapes). Round after round, each configuration takes ``--steps``
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from seqmix import mkl_vendor, numerics
+from seqmix import mkl_shim, numerics
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = "python -m tools.bench_numerics"
@@ -45,7 +45,7 @@ TARGET = 1.10  # the issue's bound on portable / native
 
 def _worker(shim: bool) -> int:
     if shim:  # as seqmix.cli.pin_numerics does, before torch is imported
-        mkl_vendor.load()
+        mkl_shim.load()
     import torch
 
     from seqmix import fingerprint
@@ -65,7 +65,7 @@ def _worker(shim: bool) -> int:
     _say({"cases": [{"task": t, "arch": a, "d_model": c.spec.model.d_model, "batch": c.spec.train.batch_size,
                      "planned_steps": planned[(t, a)]} for t, a, c in cases],
           "state": {k: state[k] for k in ("aten_capability", "mkl_branch", "mkl_max_isa", "onednn_max_isa", "threads",
-                                          "pinned", "mkl_vendor_shim")}})
+                                          "pinned", "mkl_shim")}})
     for line in sys.stdin:
         request = json.loads(line)
         run = cases[request["case"]][2]
@@ -101,7 +101,7 @@ def _op_times(run, steps: int) -> dict[str, float]:
 
 class Worker:
     """A worker process running under ``variables`` (and none of the numerics ones of ours), with
-    oneMKL's vendor shim loaded before torch where ``shim``."""
+    oneMKL's shim (seqmix.mkl_shim) loaded before torch where ``shim``."""
 
     def __init__(self, name: str, variables: dict[str, str], shim: bool = False):
         env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"}
@@ -140,12 +140,11 @@ COMPATIBLE = "oneMKL COMPATIBLE"
 
 
 def settings() -> dict[str, tuple[dict[str, str], bool]]:
-    """The variables of every worker and whether it loads oneMKL's vendor shim: native, portable
-    (as the CLI runs it) and the variants beside it."""
+    """The variables of every worker and whether it loads oneMKL's shim: native, portable (as the
+    CLI runs it) and the variants beside it."""
     portable = numerics.environment(PORTABLE)
-    shim = mkl_vendor.needed(numerics.cpu_vendor())
-    return {NATIVE: ({}, False), PORTABLE: (portable, shim),
-            NOT_STRICT: ({**portable, "MKL_CBWR": "AVX2"}, shim),
+    return {NATIVE: ({}, False), PORTABLE: (portable, True),
+            NOT_STRICT: ({**portable, "MKL_CBWR": "AVX2"}, True),
             COMPATIBLE: ({**portable, "MKL_CBWR": "COMPATIBLE"}, False)}
 
 
@@ -229,7 +228,7 @@ def commit() -> str:
 
 def state_text(state: dict) -> str:
     return (f"ATen {state['aten_capability']}, oneMKL {state['mkl_branch']} (cap {state['mkl_max_isa'] or 'none'}, "
-            f"vendor shim {'loaded' if state['mkl_vendor_shim'] else 'not loaded'}), oneDNN cap "
+            f"shim {'loaded' if state['mkl_shim'] else 'not loaded'}), oneDNN cap "
             f"{state['onednn_max_isa'] or 'none'}, {state['threads']} thread")
 
 
@@ -264,7 +263,7 @@ def markdown(rows: list[dict], states: dict, ops: list[dict], a, load: tuple, wa
         + (f"Beside portable: '{NOT_STRICT}' is portable without oneMKL's STRICT mode (what STRICT costs)"
            if NOT_STRICT in variants else "")
         + (f"; '{COMPATIBLE}' is portable with oneMKL's vendor-independent COMPATIBLE branch (SSE2) instead of its "
-           "AVX2 one, which needs no vendor shim (portable's branch before)" if COMPATIBLE in variants else "") + ".",
+           "AVX2 one, without the shim (portable before)" if COMPATIBLE in variants else "") + ".",
         "",
         "| task | mixer | d | batch | native ms | portable ms | portable / native | range | "
         + " | ".join(variants) + " |",

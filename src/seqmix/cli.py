@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from seqmix import mkl_vendor, numerics
+from seqmix import mkl_shim, numerics
 from seqmix.errors import ConfigError, problem_lines
 from seqmix.study.settings import DEFAULT_CONFIG, MIRROR_ENV
 
@@ -70,20 +70,20 @@ def numerics_of(args) -> tuple[str, str | None]:
 
 
 def pin_numerics(args) -> None:
-    """Set the variables of the command's numerics (seqmix.numerics) and, where portable needs it,
-    load oneMKL's vendor shim (seqmix.mkl_vendor) before torch is imported, or refuse a host that
-    cannot run them; ``args.numerics`` records the mode. In a process that imported torch before
-    (a call from within Python: a test, a notebook) it is too late to pin the libraries, and
-    nothing is set: provenance records the code paths that ran
-    (seqmix.train.provenance.numerics_record), and the report flags runs that were not pinned."""
+    """Set the variables of the command's numerics (seqmix.numerics) and, for portable, load
+    oneMKL's shim (seqmix.mkl_shim) before torch is imported, or refuse a host that cannot run
+    them; ``args.numerics`` records the mode. In a process that imported torch before (a call
+    from within Python: a test, a notebook) it is too late to pin the libraries, and nothing is
+    set: provenance records the code paths that ran (seqmix.train.provenance.numerics_record),
+    and the report flags runs that were not pinned."""
     mode, where = numerics_of(args)
     args.numerics = mode
     if problem := numerics.host_problem(mode) or numerics.shim_problem(mode):
         raise ConfigError(problem + (f" (the numerics of {where})" if where else ""))
     if "torch" not in sys.modules:
         os.environ.update(numerics.environment(mode))
-        if mode == "portable" and mkl_vendor.needed(numerics.cpu_vendor()):
-            mkl_vendor.load()  # built by shim_problem: before libtorch binds oneMKL's vendor check
+        if mode == "portable":
+            mkl_shim.load()  # built by shim_problem; before libtorch binds oneMKL's functions
 
 
 def keep_freed_memory_unless_asked() -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from seqmix import REPO_ROOT, mkl_vendor, numerics
+from seqmix import REPO_ROOT, mkl_shim, numerics
 from seqmix.mixers import dispatch
 from seqmix.sources import Code
 
@@ -73,7 +73,7 @@ MKL_CBWR_ALL, MKL_CBWR_STRICT = -1, 0x10000  # mkl_cbwr_get's "every setting", a
 
 def mkl_branch() -> str | None:
     """The oneMKL code branch this process runs, as ``MKL_CBWR`` names it (``AVX2,STRICT``):
-    what oneMKL reports after choosing (on a non-Intel CPU without seqmix.mkl_vendor's shim an
+    what oneMKL reports after choosing (on a non-Intel CPU without seqmix.mkl_shim's shim an
     Intel-only branch reads AUTO); None without oneMKL."""
     import ctypes
 
@@ -91,15 +91,14 @@ def mkl_branch() -> str | None:
 def numerics_record() -> dict:
     """The numerics this process runs: the mode its command asked for (seqmix.numerics),
     whether each library took the pinned path (ATen's capability and oneMKL's branch read
-    from the libraries, oneMKL's and oneDNN's caps from the environment), whether oneMKL's vendor shim is
-    loaded (seqmix.mkl_vendor), the threads, and the CPU with its vendor and flags. ``pinned``:
-    every pin in effect, so that the run's bits are those of any other host with AVX2 and FMA
-    (docs/hosts.md)."""
+    from the libraries, oneMKL's and oneDNN's caps from the environment), the file of oneMKL's
+    shim where it is loaded (seqmix.mkl_shim), the threads, and the CPU with its vendor and
+    flags. ``pinned``: every pin in effect, so that the run's bits are those of any other host
+    with AVX2 and FMA (docs/hosts.md)."""
     env = SETTINGS["environment"]
     effective = {"aten_capability": torch.backends.cpu.get_cpu_capability(), "mkl_branch": mkl_branch(),
                  "mkl_max_isa": env.get("MKL_ENABLE_INSTRUCTIONS"), "onednn_max_isa": env.get("ONEDNN_MAX_CPU_ISA"),
-                 "threads": torch.get_num_threads(),
-                 "mkl_vendor_shim": mkl_vendor.loaded()}
+                 "threads": torch.get_num_threads(), numerics.SHIM: mkl_shim.loaded()}
     flags = numerics.cpu_flags()
     return {"mode": SETTINGS["numerics"], "pinned": numerics.differences(effective) == [], **effective,
             "environment": env, "cpu": numerics.cpu_model(), "vendor": numerics.cpu_vendor(),
