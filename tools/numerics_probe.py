@@ -1,6 +1,6 @@
 """Which library changes the bits, on this host: issue 42's table, measured here.
 
-    python -m tools.numerics_probe [--steps 80] [--markdown docs/numerics-probe.md]
+    python -m tools.numerics_probe [--steps 80] [--scan] [--markdown docs/numerics-probe.md]
 
 A small 2-layer attention language model (the fingerprint's softmax run: MQAR's cell, width
 64, GELU feed-forward, dropout; seqmix/fingerprint.py) trained ``--steps`` AdamW steps on one
@@ -11,10 +11,13 @@ numerics, and the same with oneMKL's shim (seqmix/mkl_shim.py: its vendor check 
 Intel, its single square root IEEE's), loaded in the process as the CLI loads it or by
 LD_PRELOAD. Each row names the oneMKL branch and ATen capability the process reported running,
 and its time (noisy where the machine is shared). Then oneMKL's single square root, the one
-kernel of its AVX2 branch that training calls and that uses an approximate instruction
-(``vrsqrtps``, whose results differ between vendors): how many positive floats it rounds
-otherwise than IEEE's square root, as torch.sqrt without the shim and with it, and as
-tools/vml_sqrt.c recomputes it from ``vrsqrtps`` and from another approximation.
+kernel of its AVX2 branch that ATen calls and that uses an approximate instruction
+(``vrsqrtps``, whose results differ between vendors; its matrix products, FFTs and its vector
+exp, log and tanh use none, as ``objdump -d`` of libtorch_cpu.so shows): how many positive
+floats it rounds otherwise than IEEE's square root, as torch.sqrt without the shim and with
+it, and as tools/vml_sqrt.c recomputes it from ``vrsqrtps`` and from another approximation.
+``--scan`` adds Mamba's fused CPU scan compiled here with other flags: whether its bits are
+the compiler's.
 """
 
 from __future__ import annotations
@@ -169,6 +172,57 @@ def sqrt_markdown(found: dict) -> list[str]:
     return lines
 
 
+# Mamba's fused CPU scan built as kernels/selective_scan_cpu.py builds it, and with other flags.
+SCAN_BUILDS = {"as built (-O3 -ffast-math)": ["-O3", "-ffast-math", "-fopenmp-simd", "-mavx2", "-mfma"],
+               "-O2 -ffast-math": ["-O2", "-ffast-math", "-fopenmp-simd", "-mavx2", "-mfma"],
+               "-O3, no -ffast-math": ["-O3", "-fopenmp-simd", "-mavx2", "-mfma"]}
+
+
+def scan_builds() -> dict[str, dict]:
+    """For each build of the scan's source: the digests of its forward and backward on one fixed
+    input of the quick profile's MQAR shape (d 128), and the backward's time."""
+    import hashlib
+
+    import torch
+    from torch.utils.cpp_extension import load
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    Bt, L, D, N = 128, 48, 128, 16
+    x, delta = torch.randn(Bt, L, D, generator=g), torch.rand(Bt, L, D, generator=g) * 0.5
+    At, B, C = -2 * torch.rand(N, D, generator=g), torch.randn(Bt, L, N, generator=g), torch.randn(Bt, L, N, generator=g)
+    gy = torch.randn(Bt, L, D, generator=g)
+
+    def digest(*ts):
+        return hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in ts)).hexdigest()[:8]
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, flags) in enumerate(SCAN_BUILDS.items()):
+            (Path(tmp) / str(i)).mkdir()
+            ext = load(name=f"probe_scan_{i}", sources=[str(REPO / "kernels" / "selective_scan_cpu.cpp")],
+                       extra_cflags=flags, build_directory=str(Path(tmp) / str(i)))
+            y, checkpoints = ext.forward(x, delta, At, B, C, 16)
+            t0 = time.perf_counter()
+            grads = ext.backward(gy, x, delta, At, B, C, checkpoints, 16)
+            out[name] = {"forward": digest(y), "backward": digest(*grads), "ms": 1e3 * (time.perf_counter() - t0)}
+    return out
+
+
+def scan_markdown(builds: dict[str, dict]) -> list[str]:
+    import subprocess as sp
+
+    cxx = sp.run(["c++", "--version"], capture_output=True, text=True).stdout.splitlines()[:1] or ["c++ unknown"]
+    lines = ["", "## Mamba's fused CPU scan, built with other flags", "",
+             f"kernels/selective_scan_cpu.cpp compiled here ({cxx[0]}, {platform.libc_ver()[0]} "
+             f"{platform.libc_ver()[1]}) as training builds it and with other flags, then run once forward and "
+             f"backward on one fixed input (batch 128, length 48, width 128, state 16): the first 8 hex digits of "
+             "the SHA-256 of its outputs, and the backward's time.", "",
+             "| build | forward | backward | backward ms |", "|---|---|---|---|"]
+    lines += [f"| {name} | `{b['forward']}` | `{b['backward']}` | {b['ms']:.0f} |" for name, b in builds.items()]
+    return lines
+
+
 def probe(variables: dict, shim: str, steps: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"}
     env.update(variables)
@@ -193,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shim", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sqrt-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--scan", action="store_true", help="also build Mamba's fused CPU scan with other flags (minutes)")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--markdown", type=Path, default=None, help="write the page here (docs/numerics-probe.md)")
     a = p.parse_args(argv)
@@ -208,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: {', '.join(r['digest'][:8] for r in runs)} (oneMKL {runs[0]['mkl']}, "
               f"ATen {runs[0]['aten']}, {runs[0]['seconds']:.1f} s)", file=sys.stderr)
     found = sqrt_rounding()
+    builds = scan_builds() if a.scan else {}
     flags = numerics.cpu_flags()
     isa = " ".join(f for f in flags if f.startswith(("avx", "fma", "amx")))
     import torch
@@ -217,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                  "the instructions on this one.")
     lines = [
         "# Which library changes the bits: issue 42's probe on this host", "",
-        f"<!-- generated by `{COMMAND} --steps {a.steps} --markdown docs/numerics-probe.md`; do not edit by hand -->",
+        f"<!-- generated by `{COMMAND} --steps {a.steps}{' --scan' if a.scan else ''} --markdown docs/numerics-probe.md`; "
+        "do not edit by hand -->",
         f"Measured at commit {commit()} on {numerics.cpu_model()} ({numerics.cpu_vendor()}, {platform.node()}), "
         f"{datetime.date.today().isoformat()}, torch {torch.__version__}; widest vector instruction set "
         f"{numerics.vector_isa(flags)} (flags: {isa}). Load average {load0:.1f} before, "
@@ -231,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, runs in table:
         lines.append(f"| {label} | {', '.join('`' + r['digest'][:8] + '`' for r in runs)} | {runs[0]['mkl']} | "
                      f"{runs[0]['aten']} | {runs[0]['seconds']:.1f} |")
-    text = "\n".join(lines + sqrt_markdown(found)) + "\n"
+    text = "\n".join(lines + sqrt_markdown(found) + (scan_markdown(builds) if builds else [])) + "\n"
     print(text)
     if a.markdown:
         a.markdown.write_text(text)
