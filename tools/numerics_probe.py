@@ -125,18 +125,24 @@ def _sqrt_child(shim: bool) -> int:
 
 
 def sqrt_rounding() -> dict:
-    """torch.sqrt under portable's variables without the shim and with it, and tools/vml_sqrt.c
-    (None where this CPU lacks AVX-512F or a C compiler)."""
+    """torch.sqrt under portable's variables without the shim, with its vendor answer alone and
+    with it whole; and tools/vml_sqrt.c ("recomputed": None where this CPU lacks AVX-512F)."""
     out = {}
-    for shim in (NONE, LOAD):
-        env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"}
-        env.update(PORTABLE, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
-        command = [sys.executable, "-m", "tools.numerics_probe", "--sqrt-child"] + (["--shim"] if shim else [])
-        out[shim or "none"] = json.loads(subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                                                        check=True).stdout.strip().splitlines()[-1])
-    out["recomputed"] = None
-    if "avx512f" in numerics.cpu_flags() and mkl_shim.compiler():
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "vendor.c").write_text(mkl_shim.VENDOR_CHECK)  # oneMKL's own square root
+        vendor = Path(tmp) / "libvendor.so"
+        subprocess.run([mkl_shim.compiler(), *mkl_shim.FLAGS, "-o", str(vendor), str(Path(tmp) / "vendor.c")],
+                       check=True)
+        for name, shim in (("none", NONE), ("vendor", PRELOAD), ("shim", LOAD)):
+            env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"}
+            env.update(PORTABLE, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
+            if shim == PRELOAD:
+                env["LD_PRELOAD"] = str(vendor)
+            command = [sys.executable, "-m", "tools.numerics_probe", "--sqrt-child"] + (["--shim"] if shim == LOAD else [])
+            out[name] = json.loads(subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                                                  check=True).stdout.strip().splitlines()[-1])
+        out["recomputed"] = None
+        if "avx512f" in numerics.cpu_flags():
             binary = Path(tmp) / "vml_sqrt"
             subprocess.run([mkl_shim.compiler(), "-O2", "-mavx2", "-mfma", "-mavx512f", "-o", str(binary),
                             str(REPO / "tools" / "vml_sqrt.c"), "-lm"], check=True)
@@ -146,18 +152,21 @@ def sqrt_rounding() -> dict:
 
 
 def sqrt_markdown(found: dict) -> list[str]:
-    none, shim, again = found["none"], found[LOAD], found["recomputed"]
+    def largest(r):
+        return f"{r['largest']:.3g} (2^{math.log2(r['largest']):.1f})" if r["largest"] else "none"
+
+    rows = [("without the shim", found["none"]), ("the shim's vendor answer alone: oneMKL's own, AVX2 branch",
+                                                  found["vendor"]), ("with the shim: IEEE's", found["shim"])]
     lines = ["", "## oneMKL's single square root", "",
-             f"Over all {none['floats']:,} positive normal floats, the square roots that differ from the correctly "
-             f"rounded one (IEEE's), torch.sqrt under portable's variables (oneMKL {none['mkl']}):", "",
-             "| torch.sqrt | not correctly rounded |", "|---|---|",
-             f"| without the shim: oneMKL's `vmsSqrt` | {none['not_correctly_rounded']:,} |",
-             f"| with the shim: its `vmsSqrt` | {shim['not_correctly_rounded']:,} |", "",
-             "The largest input oneMKL's rounds otherwise: "
-             + (f"{none['largest']:.3g} (2^{math.log2(none['largest']):.1f}): the refinement's products underflow "
-                f"below it. AdamW's second moment falls there where a parameter's gradients stay below about "
-                f"{math.sqrt(none['largest']):.0e}." if none["largest"] else "none.")]
-    if again:
+             f"Over all {found['none']['floats']:,} positive normal floats, the square roots torch.sqrt (oneMKL's "
+             "`vmsSqrt`) rounds otherwise than IEEE's, under portable's variables, and the largest such input:", "",
+             "| torch.sqrt | oneMKL branch | not correctly rounded | largest such input |", "|---|---|---|---|"]
+    lines += [f"| {name} | {r['mkl']} | {r['not_correctly_rounded']:,} | {largest(r)} |" for name, r in rows]
+    if found["vendor"]["largest"]:
+        lines += ["", "On the AVX2 branch oneMKL's square root is correctly rounded above that input; below it its "
+                  "refinement's products underflow. AdamW's second moment falls there where a parameter's gradients "
+                  f"stay below about {math.sqrt(found['vendor']['largest']):.0e}."]
+    if again := found["recomputed"]:
         wrong, other = again["not_correctly_rounded"], again["differ_from_vrsqrtps"]
         lines += ["", "tools/vml_sqrt.c recomputes oneMKL's AVX2 kernel (`vrsqrtps`, then one Newton step and a "
                   "fused correction) from three first approximations of 1/sqrt(x):", "",
@@ -167,8 +176,8 @@ def sqrt_markdown(found: dict) -> list[str]:
                   f"{other['vrsqrt14ps']:,} |",
                   f"| 1/sqrt(x) rounded to float | {wrong['exact']:,} | {other['exact']:,} |", "",
                   "Which square roots the kernel rounds otherwise depends on the approximation it starts from, and "
-                  "`vrsqrtps` approximates differently on each vendor's CPUs: without the shim, a host of another "
-                  "vendor would round other square roots otherwise (AdamW takes one per parameter per step)."]
+                  "`vrsqrtps` approximates differently on each vendor's CPUs: without the shim's square root, a host "
+                  "of another vendor would round other small square roots otherwise."]
     return lines
 
 

@@ -41,25 +41,24 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = """\
-/* Loaded by seqmix before torch (seqmix/mkl_shim.py): oneMKL computes the same bits on any
-   vendor's x86-64 CPU. */
-#include <math.h>
-
+VENDOR_CHECK = """\
 /* oneMKL's vendor check, answered as on an Intel CPU: its CNR branches other than AUTO and
    COMPATIBLE then run on any vendor's CPU. */
 int mkl_serv_intel_cpu_true(void) { return 1; }
 int mkl_serv_intel_cpu(void) { return 1; }
 int mkl_serv_cpuiszen(void) { return 0; }
-
+"""
+SQUARE_ROOT = """\
 /* oneMKL's single-precision vector square root (n: MKL_INT of the LP64 interface), as ATen
    calls it for torch.sqrt: IEEE's, correctly rounded on every CPU, instead of a refinement
    of the CPU's approximate vrsqrtps. */
+#include <math.h>
 void vmsSqrt(int n, const float *a, float *r, long long mode) {
   (void)mode;
   for (int i = 0; i < n; ++i) r[i] = sqrtf(a[i]);
 }
 """
+SOURCE = "/* Loaded by seqmix before torch (seqmix/mkl_shim.py). */\n" + VENDOR_CHECK + SQUARE_ROOT
 FLAGS = ("-shared", "-fPIC", "-O2", "-fno-math-errno")  # sqrtf as the sqrt instruction: no errno call
 PREFIX = "libseqmix_mkl_shim"  # the library's file name, before its key
 CACHE_ENV = "XDG_CACHE_HOME"  # the shim lives in $XDG_CACHE_HOME/seqmix (default ~/.cache/seqmix)
