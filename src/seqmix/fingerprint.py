@@ -51,7 +51,7 @@ What is known per library (the evidence: docs/numerics-probe.md, tests/test_nume
   square roots round alike on every x86-64 CPU, the approximate `rcpps`/`rsqrtps` do not. In the
   wheel's oneMKL (`objdump -d` of libtorch_cpu.so), no matrix-product or FFT kernel uses them,
   nor the vector exp, log and tanh ATen calls; the single square root does (`vmsSqrt`, AVX2: one
-  Newton step from `vrsqrtps`), and rounds some inputs below about 2^-104 otherwise than IEEE's
+  Newton step from `vrsqrtps`), and rounds some inputs below 2^-102 otherwise than IEEE's
   square root, which ones depending on the approximation: the shim replaces it with the correctly
   rounded one. Not yet seen on an Intel host.
 - A cap of oneMKL's instructions set from outside overrides its reproducibility branch: with
