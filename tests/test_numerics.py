@@ -155,7 +155,7 @@ def test_a_command_takes_its_jobs_numerics_else_its_configs():
         return types.SimpleNamespace(**{"spec": None, "config": None, **kw})
 
     assert numerics_of(args(spec='{"numerics": "native"}', config='{"numerics": "portable"}')) == ("native", "--spec")
-    assert numerics_of(args(spec='{"kind": "mqar"}')) == (numerics.DEFAULT, "--spec")  # a data job: no torch numerics
+    assert numerics_of(args(spec='{"kind": "mqar"}')) == ("native", "--spec")  # a data job: nothing to pin
     assert numerics_of(args(config='{"numerics": "portable"}')) == ("portable", '{"numerics": "portable"}')
     assert numerics_of(args(config='{"numerics": "x"}', overrides='{"numerics": "native"}'))[0] == "native"
     assert numerics_of(args(asked_numerics="native", config='{"numerics": "portable"}')) == ("native", "--numerics")

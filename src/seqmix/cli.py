@@ -50,8 +50,8 @@ def numerics_of(args) -> tuple[str, str | None]:
     if asked := getattr(args, "asked_numerics", None):
         return asked, "--numerics"
     try:
-        if spec:
-            return numerics.mode_in_spec(spec) or numerics.DEFAULT, "--spec"
+        if spec:  # a job without numerics (a data job) computes nothing with torch: nothing to pin
+            return numerics.mode_in_spec(spec) or "native", "--spec"
         if run and (mode := numerics.mode_in_run(run)):
             return mode, f"{run}/config.json"
         if config:
