@@ -78,6 +78,7 @@ def pin_numerics(args) -> None:
     and the report flags runs that were not pinned."""
     mode, where = numerics_of(args)
     args.numerics = mode
+    mkl_shim.configure(os.environ.get(mkl_shim.CACHE_ENV))
     if problem := numerics.host_problem(mode) or numerics.shim_problem(mode):
         raise ConfigError(problem + (f" (the numerics of {where})" if where else ""))
     if "torch" not in sys.modules:

@@ -62,6 +62,13 @@ SOURCE = "/* Loaded by seqmix before torch (seqmix/mkl_shim.py). */\n" + VENDOR_
 FLAGS = ("-shared", "-fPIC", "-O2", "-fno-math-errno")  # sqrtf as the sqrt instruction: no errno call
 PREFIX = "libseqmix_mkl_shim"  # the library's file name, before its key
 CACHE_ENV = "XDG_CACHE_HOME"  # the shim lives in $XDG_CACHE_HOME/seqmix (default ~/.cache/seqmix)
+# The cache's parent as the entry points read it from CACHE_ENV (seqmix.cli, seqmix.study.dag).
+SETTINGS: dict = {"cache_home": None}
+
+
+def configure(cache_home: str | None) -> None:
+    """Where the shim is cached: ``cache_home``/seqmix (None or '': ~/.cache/seqmix)."""
+    SETTINGS["cache_home"] = cache_home or None
 
 
 def compiler() -> str | None:
@@ -70,7 +77,7 @@ def compiler() -> str | None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache") / "seqmix"
+    return Path(SETTINGS["cache_home"] or Path.home() / ".cache") / "seqmix"
 
 
 def key() -> str:
