@@ -174,6 +174,7 @@ STACK = [
     ("seqmix.device", 0),  # the torch device a config names, and a device's folder name
     ("seqmix.flop_formulas", 0),  # custom ops' FLOPs, registered by kernels and read by the counter
     ("seqmix.numerics", 0),  # read by the CLI before torch, by settings, dag and provenance
+    ("seqmix.mkl_shim", 0),  # loaded by the CLI before torch (numerics: portable)
     ("seqmix.catalogue", 0), ("seqmix.io", 0), ("seqmix.errors", 0), ("seqmix.allocator", 0), ("seqmix.slots", 0),
     ("seqmix", 0),
 ]

@@ -58,8 +58,11 @@ OUTPUTS = ("metrics.json", "model.pt", "log.csv", "provenance.json", "config.jso
 
 
 def mqar_config(root: Path, **train) -> dict:
-    """A one-task MQAR study in ``root`` (dropout on, so that the dropout stream matters)."""
+    """A one-task MQAR study in ``root`` (dropout on, so that the dropout stream matters), native:
+    its runs trained in this process, which imported torch before it could pin the libraries,
+    are compared with `python -m seqmix` runs, which pin them under portable."""
     cfg = tiny_config(root, None, archs=("softmax",))
+    cfg["numerics"] = "native"
     cfg["tasks"]["mqar"]["model"]["dropout"] = 0.1
     cfg["tasks"]["mqar"]["train"].update(train)
     return cfg

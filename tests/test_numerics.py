@@ -1,7 +1,9 @@
 """The study's numerics (seqmix/numerics.py, README "Numerics"): read before torch, applied to
-every job, refused on a host below the minimum, recorded and reported; and the fingerprint
-that proves the pinning: unchanged on this host made to look AVX2-only or of the other
-vendor (while native changes), and equal to the one docs/hosts.md keeps."""
+every job, oneMKL's shim built and loaded (its vendor check answered as Intel, its square root
+IEEE's), refused on a host below the minimum, recorded and reported; and the fingerprint that
+proves the pinning: unchanged on this host made to look AVX2-only (while native changes),
+changed without the shim (and the same with the shim preloaded instead), and equal to the one
+docs/hosts.md keeps."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from seqmix import catalogue, fingerprint, numerics
+from seqmix import catalogue, fingerprint, mkl_shim, numerics
 from seqmix.report import collect, quality_tables
 from seqmix.study import dag
 from seqmix.study.load import validate_study
@@ -39,8 +41,8 @@ flags\t\t: fpu sse sse2 avx fma avx2 avx512f
 
 def test_portable_pins_each_library_and_native_pins_nothing():
     assert numerics.environment("portable") == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-                                                "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1",
-                                                "MKL_NUM_THREADS": "1"}
+                                                "MKL_CBWR": "AVX2,STRICT", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                                                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     assert numerics.environment("native") == {} and numerics.shell_exports("native") == ""
     assert numerics.shell_exports("portable").startswith("export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ")
     with pytest.raises(ValueError, match="unknown numerics 'fast'; choose from: portable, native"):
@@ -55,7 +57,8 @@ def test_the_host_is_read_from_cpuinfo():
     assert numerics.vector_isa(["avx", "avx2", "fma"]) == "AVX2" and numerics.vector_isa(["sse2", "avx"]) == "AVX"
 
 
-def test_a_host_below_the_minimum_is_refused_with_the_fix():
+def test_a_host_below_the_minimum_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(mkl_shim, "compiler", lambda: "cc")  # one without: the next test
     assert numerics.host_problem("portable", ["avx", "avx2", "fma"], "x86_64") is None
     assert numerics.host_problem("native", [], "aarch64") is None
     problem = numerics.host_problem("portable", ["sse2", "avx"], "x86_64", model="Old CPU")
@@ -63,6 +66,62 @@ def test_a_host_below_the_minimum_is_refused_with_the_fix():
                        "lacks avx2, fma: run on such a host, or set numerics: native in the config (its results "
                        "then depend on the CPU that runs them)")
     assert "this host is aarch64" in numerics.host_problem("portable", [], "aarch64")
+
+
+@pytest.fixture
+def no_compiler(tmp_path, monkeypatch):
+    """A machine without a C compiler, whose shim cache is empty."""
+    monkeypatch.setitem(mkl_shim.SETTINGS, "cache_home", str(tmp_path / "cache"))
+    monkeypatch.setenv(mkl_shim.CACHE_ENV, str(tmp_path / "cache"))  # as the CLI reads it
+    monkeypatch.setattr(mkl_shim, "compiler", lambda: None)
+
+
+def test_a_host_without_a_compiler_is_refused_with_the_fix(no_compiler):
+    problem = numerics.host_problem("portable", ["avx2", "fma"], "x86_64", model="AMD EPYC")
+    assert problem == ("numerics: portable loads a small C library into every job so that oneMKL computes alike on "
+                       "any vendor's CPU (seqmix/mkl_shim.py), built once per machine, and this host has no C compiler "
+                       "(cc): install one (e.g. apt-get install gcc), or set numerics: native in the config (its "
+                       "results then depend on the CPU that runs them)")
+    assert numerics.shim_problem("portable").startswith("numerics: portable cannot build the library every job loads")
+    assert numerics.host_problem("native", ["avx2", "fma"], "x86_64") is None and numerics.shim_problem("native") is None
+
+
+def test_the_shim_is_built_once_whole_and_keyed_by_its_source(tmp_path, monkeypatch):
+    if mkl_shim.compiler() is None:
+        pytest.skip("no C compiler here")
+    first = mkl_shim.build(tmp_path)
+    assert first == mkl_shim.path(tmp_path) and first.is_file() and first.name.startswith(mkl_shim.PREFIX)
+    assert mkl_shim.build(tmp_path) == first and sorted(tmp_path.iterdir()) == [first]  # no build left behind
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(first)], capture_output=True, text=True).stdout
+    assert {"mkl_serv_intel_cpu_true", "mkl_serv_intel_cpu", "mkl_serv_cpuiszen"} <= set(symbols.split())
+    monkeypatch.setattr(mkl_shim, "SOURCE", mkl_shim.SOURCE + "/* edited */\n")
+    assert mkl_shim.build(tmp_path) != first  # another source, another library
+    monkeypatch.setattr(mkl_shim, "SOURCE", "not C")
+    with pytest.raises(mkl_shim.ShimError, match="failed"):
+        mkl_shim.build(tmp_path)
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_the_cli_loads_the_shim_for_portable_only(tmp_path):
+    """In a fresh process (no torch): the pins set and the shim loaded for portable, on any
+    vendor's CPU (its vendor check and square root are the same code everywhere); neither for
+    native."""
+    if mkl_shim.compiler() is None:
+        pytest.skip("no C compiler here")
+    code = ("import sys, types, os; from seqmix import cli, mkl_shim, numerics; "
+            "numerics.cpu_vendor = lambda cpuinfo=None: sys.argv[2]; "
+            "cli.pin_numerics(types.SimpleNamespace(asked_numerics=sys.argv[1])); "
+            "print(bool(mkl_shim.loaded()), os.environ.get('MKL_CBWR'), 'torch' in sys.modules)")
+    env = {**{k: v for k, v in os.environ.items() if k not in numerics.VARIABLES}, "PYTHONPATH": str(REPO / "src"),
+           mkl_shim.CACHE_ENV: str(tmp_path)}
+
+    def run(mode, vendor):
+        return subprocess.run([sys.executable, "-c", code, mode, vendor], env=env, capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    for vendor in ("AuthenticAMD", "GenuineIntel"):
+        assert run("portable", vendor) == ["True", "AVX2,STRICT", "False"]
+    assert run("native", "AuthenticAMD") == ["False", "None", "False"]
 
 
 def test_the_mode_is_read_from_spec_run_and_config_without_torch(tmp_path):
@@ -97,7 +156,7 @@ def test_a_command_takes_its_jobs_numerics_else_its_configs():
         return types.SimpleNamespace(**{"spec": None, "config": None, **kw})
 
     assert numerics_of(args(spec='{"numerics": "native"}', config='{"numerics": "portable"}')) == ("native", "--spec")
-    assert numerics_of(args(spec='{"kind": "mqar"}')) == (numerics.DEFAULT, "--spec")  # a data job: no torch numerics
+    assert numerics_of(args(spec='{"kind": "mqar"}')) == ("native", "--spec")  # a data job: nothing to pin
     assert numerics_of(args(config='{"numerics": "portable"}')) == ("portable", '{"numerics": "portable"}')
     assert numerics_of(args(config='{"numerics": "x"}', overrides='{"numerics": "native"}'))[0] == "native"
     assert numerics_of(args(asked_numerics="native", config='{"numerics": "portable"}')) == ("native", "--numerics")
@@ -130,7 +189,7 @@ def test_the_study_setting_reaches_every_job_and_the_run_identity(tmp_path):
 def test_every_job_shell_starts_with_the_study_pins():
     portable, native = dag.shell_prefix("portable"), dag.shell_prefix("native")
     assert portable.startswith("set -euo pipefail; export PYTHONPATH=")
-    assert portable.endswith(numerics.shell_exports("portable")) and "MKL_CBWR=COMPATIBLE" in portable
+    assert portable.endswith(numerics.shell_exports("portable")) and "MKL_CBWR=AVX2,STRICT" in portable
     assert native == dag.shell_prefix() and "ATEN_CPU_CAPABILITY" not in native
     snakefile = (REPO / "Snakefile").read_text()
     assert "shell.prefix(dag.shell_prefix(JOBS.numerics))" in snakefile
@@ -150,6 +209,20 @@ def test_a_host_below_the_minimum_fails_before_the_first_job(tmp_path, monkeypat
     assert "(the numerics of --numerics)" in err
 
 
+def test_a_host_without_the_means_to_build_the_shim_fails_before_the_first_job(tmp_path, monkeypatch, capsys,
+                                                                                no_compiler):
+    from seqmix import preflight
+    from seqmix.cli import main
+
+    monkeypatch.setattr(numerics, "cpu_flags", lambda cpuinfo=None: ["avx2", "fma"])
+    study = validate_study({**tiny_config(tmp_path, None), "numerics": "portable"})
+    assert preflight.numerics_problems(study) == [f"config key 'numerics': {numerics.host_problem('portable')}"]
+    assert main(["fingerprint", "--numerics", "portable"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: numerics: portable loads a small C library") and err.count("\n") == 1
+    assert "install one (e.g. apt-get install gcc), or set numerics: native" in err
+
+
 # ------------------------------------------------------------------------------------------
 # Provenance and the report.
 # ------------------------------------------------------------------------------------------
@@ -164,17 +237,33 @@ def test_provenance_reads_what_the_libraries_run():
     finally:
         provenance.configure()
     assert rec["mode"] == "portable" and rec["aten_capability"] in ("DEFAULT", "AVX2", "AVX512")
-    assert rec["mkl_branch"] in provenance.MKL_BRANCHES.values()
-    assert rec["pinned"] == (rec["aten_capability"] == "AVX2" and rec["mkl_branch"] == "COMPATIBLE")
+    assert rec["mkl_branch"].split(",")[0] in provenance.MKL_BRANCHES.values()
+    assert rec["mkl_max_isa"] is None and not rec["pinned"]  # this process pinned nothing: oneMKL's cap is unset
+    assert rec["mkl_shim"] == mkl_shim.loaded() is None  # this process imported torch before any shim
+    assert {"oneMKL cap none", "oneMKL shim not loaded"} <= set(numerics.differences(rec))
     assert rec["cpu"] == numerics.cpu_model() and set(rec["cpu_flags"].split()) == set(numerics.cpu_flags())
 
 
+RAN = {"aten_capability": "AVX2", "mkl_branch": "AVX2,STRICT", "mkl_max_isa": "AVX2", "onednn_max_isa": "AVX2",
+       "mkl_shim": "/cache/seqmix/libseqmix_mkl_shim-0.so"}  # what a portable process reports
+
+
+def test_the_pins_held_are_read_from_what_ran():
+    assert numerics.differences(RAN) == []
+    # A oneMKL that ignored the shim's vendor answer on AMD; an Intel host without the shim.
+    assert numerics.differences({**RAN, "mkl_branch": "AUTO,STRICT"}) == ["oneMKL AUTO,STRICT"]
+    assert numerics.differences({**RAN, "mkl_shim": None}) == ["oneMKL shim not loaded"]
+    assert numerics.differences({**RAN, "mkl_branch": "COMPATIBLE", "mkl_max_isa": None, "mkl_shim": None}) == [
+        "oneMKL COMPATIBLE", "oneMKL cap none", "oneMKL shim not loaded"]  # a run of the earlier portable
+    assert numerics.differences({**RAN, "aten_capability": "AVX512"}) == ["ATen AVX512"]
+
+
 def test_runs_csv_says_how_each_run_ran():
-    pinned = {"numerics": {"mode": "portable", "pinned": True, "cpu": "AMD EPYC", "vector_isa": "AVX-512"}}
+    pinned = {"numerics": {"mode": "portable", "pinned": True, "cpu": "AMD EPYC", "vector_isa": "AVX-512", **RAN}}
     assert collect.numerics_of(pinned) == {"numerics": "portable", "cpu": "AMD EPYC (AVX-512)"}
-    unpinned = {"numerics": {**pinned["numerics"], "pinned": False}}
-    assert collect.numerics_of(unpinned)["numerics"] == "portable, not pinned"
-    assert collect.numerics_of({"numerics": {**unpinned["numerics"], "mode": "native"}})["numerics"] == "native"
+    unshimmed = {"numerics": {**pinned["numerics"], "pinned": False, "mkl_branch": "AUTO,STRICT"}}
+    assert collect.numerics_of(unshimmed)["numerics"] == "portable, not pinned (oneMKL AUTO,STRICT)"
+    assert collect.numerics_of({"numerics": {**unshimmed["numerics"], "mode": "native"}})["numerics"] == "native"
     assert collect.numerics_of({}) == {"numerics": "", "cpu": ""}
 
 
@@ -194,6 +283,11 @@ def test_the_report_says_the_mode_and_flags_mixed_modes_and_hosts():
     assert "\\textbf{Runs from several hosts}" in text
     text = quality_tables.numerics_text(runs_of(("portable", amd), ("native", amd), ("native", amd)))
     assert text.startswith("\\textbf{Runs of mixed numerics}: 2 runs native and 1 run portable, on one host")
+    unshimmed = "portable, not pinned (oneMKL AUTO,STRICT)"
+    text = quality_tables.numerics_text(runs_of((unshimmed, amd), (unshimmed, amd)))
+    assert text.startswith(f"Numerics: every run {unshimmed} on one host") and "Portable runs not pinned" in text
+    text = quality_tables.numerics_text(runs_of(("portable", amd), (unshimmed, amd)))
+    assert text.startswith("\\textbf{Runs of mixed numerics}: 1 run portable and 1 run portable, not pinned")
     assert quality_tables.numerics_text(pd.DataFrame({"arch": ["softmax"]})).startswith("No run recorded")
 
 
@@ -201,17 +295,26 @@ def test_the_report_says_the_mode_and_flags_mixed_modes_and_hosts():
 # The fingerprint: this host made to look like others, and the hosts docs/hosts.md keeps.
 # ------------------------------------------------------------------------------------------
 
-AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+# A host without AVX-512, as far as each library can be told from outside: ATen's capability,
+# oneDNN's and oneMKL's caps, and glibc's own dispatch (libm, libmvec) told AVX-512 is missing.
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512CD,-AVX512DQ,-AVX512BW,-AVX512VL"}
+INTEL = numerics.cpu_vendor() == "GenuineIntel"
 
 
-def run_fingerprint(tmp_path: Path, mode: str, extra: dict | None = None, name: str = "fp") -> dict:
-    """`python -m seqmix fingerprint` in a fresh process with ``extra`` in its environment
-    (none of the numerics variables of this one)."""
+def run_fingerprint(tmp_path: Path, mode: str, extra: dict | None = None, name: str = "fp",
+                    torch_first: bool = False) -> dict:
+    """`python -m seqmix fingerprint` in a fresh process with ``extra`` in its environment (none
+    of the numerics variables of this one). ``torch_first``: the command runs in a process that
+    imported torch before, where the CLI can neither set the pins nor load oneMKL's shim,
+    so the process runs whatever ``extra`` sets."""
     env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"}
     env.update(extra or {}, PYTHONPATH=str(REPO / "src"))
     out = tmp_path / f"{name}-{mode}.json"
-    proc = subprocess.run([sys.executable, "-m", "seqmix", "fingerprint", "--numerics", mode, "--out", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    args = ["fingerprint", "--numerics", mode, "--out", str(out)]
+    command = ([sys.executable, "-c", f"import sys, torch; from seqmix.cli import main; sys.exit(main({args!r}))"]
+               if torch_first else [sys.executable, "-m", "seqmix", *args])
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return {**json.loads(out.read_text()), "stdout": proc.stdout}
 
@@ -228,14 +331,16 @@ def differing(a: dict, b: dict) -> list[str]:
 
 
 def test_the_fingerprint_runs_pinned_and_prints_a_line_per_mixer(here):
-    portable = here["portable"]
-    assert portable["numerics"]["pinned"] and portable["numerics"]["threads"] == 1
-    assert (portable["numerics"]["aten_capability"], portable["numerics"]["mkl_branch"]) == ("AVX2", "COMPATIBLE")
-    assert set(portable["digests"]) == {*catalogue.mixer_names(), fingerprint.ALL}
+    portable = here["portable"]["numerics"]
+    assert portable["pinned"] and portable["threads"] == 1 and numerics.differences(portable) == []
+    assert (portable["aten_capability"], portable["mkl_branch"], portable["mkl_max_isa"]) == (
+        "AVX2", "AVX2,STRICT", "AVX2")
+    assert portable["mkl_shim"] and not here["native"]["numerics"]["mkl_shim"]
+    assert set(here["portable"]["digests"]) == {*catalogue.mixer_names(), fingerprint.ALL}
     assert not here["native"]["numerics"]["pinned"]
     names = [*catalogue.mixer_names(), fingerprint.ALL]
-    assert [line.split() for line in portable["stdout"].splitlines()] == [
-        [name, portable["digests"][name][:16]] for name in names]
+    assert [line.split() for line in here["portable"]["stdout"].splitlines()] == [
+        [name, here["portable"]["digests"][name][:16]] for name in names]
 
 
 def test_portable_does_not_change_on_a_host_made_to_look_avx2_only(here, tmp_path):
@@ -243,22 +348,63 @@ def test_portable_does_not_change_on_a_host_made_to_look_avx2_only(here, tmp_pat
     assert differing(here["portable"], capped["portable"]) == [], "a pinned library still follows the host's ISA"
     if numerics.vector_isa(numerics.cpu_flags()) != "AVX-512":
         pytest.skip("this host has no AVX-512: capping it at AVX2 changes nothing, native included")
-    # The cap does something here: native follows it (ATen's and oneDNN's kernels, and oneMKL's on Intel).
+    # The caps do something here: native follows them (ATen's and oneDNN's kernels, and oneMKL's on Intel).
     assert differing(here["native"], capped["native"]), "capping the libraries changed nothing: the test proves nothing"
 
 
-def test_portable_does_not_change_when_onemkl_dispatches_as_on_the_other_vendor(here, tmp_path):
-    from tools import mkl_vendor
+def test_the_shim_takes_effect_and_is_what_pins_onemkl(here, tmp_path):
+    """Portable's variables without the shim give other bits (on a CPU not Intel's oneMKL runs
+    AUTO; on any, oneMKL's own square root); the same file by LD_PRELOAD instead of loaded in
+    the process gives portable's bits (the in-process load takes effect as the dynamic linker's)."""
+    pins = numerics.environment("portable")
+    bare = run_fingerprint(tmp_path, "portable", pins, "unshimmed", torch_first=True)
+    assert bare["numerics"]["mkl_branch"] == ("AVX2,STRICT" if INTEL else "AUTO,STRICT")
+    assert not bare["numerics"]["pinned"] and not bare["numerics"]["mkl_shim"]
+    assert differing(here["portable"], bare), "portable without oneMKL's shim gave its bits: the shim proves nothing"
+    preloaded = run_fingerprint(tmp_path, "portable", {**pins, "LD_PRELOAD": str(mkl_shim.build())}, "preloaded",
+                                torch_first=True)
+    assert preloaded["numerics"]["pinned"] and preloaded["numerics"]["mkl_branch"] == "AVX2,STRICT"
+    assert differing(here["portable"], preloaded) == [], "the shim loaded in the process differs from LD_PRELOAD's"
 
-    if mkl_vendor.compiler() is None:
-        pytest.skip("no C compiler to build the oneMKL vendor shim (tools/mkl_vendor.py)")
-    intel_here = numerics.cpu_vendor() == "GenuineIntel"
-    shim = {"LD_PRELOAD": str(mkl_vendor.build(tmp_path, intel=not intel_here))}
-    flipped = {mode: run_fingerprint(tmp_path, mode, shim, "vendor") for mode in numerics.MODES}
-    assert differing(here["portable"], flipped["portable"]) == [], (
-        "oneMKL's COMPATIBLE branch gave other bits when dispatching as on the other vendor's CPUs")
-    # The shim does something: native oneMKL takes the other vendor's kernels and changes the bits.
-    assert differing(here["native"], flipped["native"]), "the vendor shim changed nothing: the test proves nothing"
+
+SQRT = ("import sys, numpy as np, torch; torch.manual_seed(0); "
+        "x = torch.rand(1 << 22, dtype=torch.float64).mul(136).sub(126).exp2().float(); "
+        "exact = np.sqrt(x.numpy().astype(np.float64)).astype(np.float32); "
+        "print(int((torch.sqrt(x).numpy().view(np.uint32) != exact.view(np.uint32)).sum()))")
+
+
+def test_torch_sqrt_under_portable_is_ieees(tmp_path):
+    """With the shim, torch.sqrt rounds 4M floats from 2^-126 to 2^10 as IEEE's square root does;
+    without it (oneMKL's vector sqrt, from the CPU's vrsqrtps) some of those below 2^-104
+    otherwise, so the test can fail."""
+    env = {**{k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"},
+           **numerics.environment("portable"), "PYTHONPATH": str(REPO / "src")}
+    pinned = ("import types; from seqmix import cli; cli.pin_numerics(types.SimpleNamespace(asked_numerics='portable')); "
+              + SQRT)
+    wrong = {name: int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                      check=True).stdout) for name, code in (("shim", pinned), ("none", SQRT))}
+    assert wrong["shim"] == 0, f"{wrong['shim']} square roots not correctly rounded under portable"
+    assert wrong["none"] > 0, "oneMKL's own square root rounded every one correctly here: the test proves nothing"
+
+
+def test_no_notebook_imports_torch():
+    """A notebook's kernel is a job process the CLI does not start: it must compute nothing with
+    torch, which it would run without the pins and the shim (its tables read results files)."""
+    import ast
+
+    lines = set()
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] == "code":
+                source = "".join(line for line in cell["source"] if not line.lstrip().startswith(("%", "!")))
+                lines |= {ast.unparse(node) for node in ast.walk(ast.parse(source))
+                          if isinstance(node, (ast.Import, ast.ImportFrom))}
+    assert any("seqmix.report" in line for line in lines), "found no notebook imports: the test proves nothing"
+    code = "\n".join(sorted(lines)) + "\nimport sys\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO / "notebooks", capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "src"), "MPLBACKEND": "Agg"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False", "a notebook imports torch: compute it in a `python -m seqmix` job instead"
 
 
 def test_portable_fingerprint_is_the_one_docs_hosts_keeps(here):

@@ -3,9 +3,11 @@
     python -m tools.bench_numerics [--rounds 5] [--steps 2] [--markdown docs/numerics-cost.md]
 
 One worker process per numerics (seqmix.numerics: native leaves every library to the host;
-portable pins ATen and oneDNN to AVX2 and oneMKL to its COMPATIBLE branch), and two beside
-them that locate the cost (portable without oneMKL's pin; portable with oneMKL's Intel-only
-AVX2 branch instead), each building every (task, mixer) of config/config.yaml's runs as
+portable pins ATen, oneDNN and oneMKL to AVX2, oneMKL on its AVX2 reproducibility branch in
+STRICT mode, with oneMKL's shim loaded as the CLI loads it, seqmix/mkl_shim.py), and two beside
+them: portable's oneMKL branch without STRICT (what STRICT costs), and oneMKL's
+vendor-independent COMPATIBLE branch instead (SSE2: what portable cost before, no shim),
+each building every (task, mixer) of config/config.yaml's runs as
 training builds it (WikiText-2 and both MQAR widths; seed 0, the run's batch, one thread, a
 made-up batch of the run's shapes). Round after round, each configuration takes ``--steps``
 training steps (forward, backward, clipping, AdamW) in every worker, back to back, the order
@@ -26,11 +28,10 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from seqmix import numerics
+from seqmix import mkl_shim, numerics
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = "python -m tools.bench_numerics"
@@ -42,7 +43,9 @@ TARGET = 1.10  # the issue's bound on portable / native
 # ------------------------------------------------------------------------------------------
 
 
-def _worker() -> int:
+def _worker(shim: bool) -> int:
+    if shim:  # as seqmix.cli.pin_numerics does, before torch is imported
+        mkl_shim.load()
     import torch
 
     from seqmix import fingerprint
@@ -61,7 +64,8 @@ def _worker() -> int:
     state = provenance.numerics_record()
     _say({"cases": [{"task": t, "arch": a, "d_model": c.spec.model.d_model, "batch": c.spec.train.batch_size,
                      "planned_steps": planned[(t, a)]} for t, a, c in cases],
-          "state": {k: state[k] for k in ("aten_capability", "mkl_branch", "onednn_max_isa", "threads", "pinned")}})
+          "state": {k: state[k] for k in ("aten_capability", "mkl_branch", "mkl_max_isa", "onednn_max_isa", "threads",
+                                          "pinned", "mkl_shim")}})
     for line in sys.stdin:
         request = json.loads(line)
         run = cases[request["case"]][2]
@@ -96,15 +100,16 @@ def _op_times(run, steps: int) -> dict[str, float]:
 
 
 class Worker:
-    """A worker process running under ``variables`` (and none of the numerics ones of ours)."""
+    """A worker process running under ``variables`` (and none of the numerics ones of ours), with
+    oneMKL's shim (seqmix.mkl_shim) loaded before torch where ``shim``."""
 
-    def __init__(self, name: str, variables: dict[str, str]):
+    def __init__(self, name: str, variables: dict[str, str], shim: bool = False):
         env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"}
         env.update(variables)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), str(REPO), env.get("PYTHONPATH")]))
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-m", "tools.bench_numerics", "--worker"], cwd=REPO, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tools.bench_numerics", "--worker", *(["--shim"] if shim else [])],
+                                     cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.hello = self._read()
 
     def _read(self):
@@ -128,28 +133,19 @@ class Worker:
 # ------------------------------------------------------------------------------------------
 
 NATIVE, PORTABLE = "native", "portable"
-# What would bring the cost down, measured beside: portable without oneMKL's pin (what the
-# other two pins cost), and with oneMKL's AVX2 reproducibility branch instead of COMPATIBLE
-# (Intel's only; on another vendor's CPU reached through tools/mkl_vendor.py).
-NO_MKL_PIN = "ATen, oneDNN pinned"
-MKL_AVX2 = "oneMKL AVX2 branch"
+# Beside portable: its oneMKL branch without STRICT (what STRICT costs), and oneMKL's
+# vendor-independent COMPATIBLE branch (SSE2), which needs no shim (what portable cost before).
+NOT_STRICT = "oneMKL AVX2, not STRICT"
+COMPATIBLE = "oneMKL COMPATIBLE"
 
 
-def settings(shim_dir: str | None) -> dict[str, dict[str, str]]:
-    """The variables of every worker: native, portable and the variants that locate the cost."""
+def settings() -> dict[str, tuple[dict[str, str], bool]]:
+    """The variables of every worker and whether it loads oneMKL's shim: native, portable (as the
+    CLI runs it) and the variants beside it."""
     portable = numerics.environment(PORTABLE)
-    out = {NATIVE: {}, PORTABLE: portable,
-           NO_MKL_PIN: {k: v for k, v in portable.items() if k != "MKL_CBWR"}}
-    if shim_dir is not None:
-        avx2 = {**portable, "MKL_CBWR": "AVX2"}
-        if numerics.cpu_vendor() != "GenuineIntel":
-            from tools import mkl_vendor
-
-            if mkl_vendor.compiler() is None:
-                return out
-            avx2["LD_PRELOAD"] = str(mkl_vendor.build(shim_dir, intel=True))
-        out[MKL_AVX2] = avx2
-    return out
+    return {NATIVE: ({}, False), PORTABLE: (portable, True),
+            NOT_STRICT: ({**portable, "MKL_CBWR": "AVX2"}, True),
+            COMPATIBLE: ({**portable, "MKL_CBWR": "COMPATIBLE"}, False)}
 
 
 def measure(workers: dict[str, Worker], rounds: int, steps: int, only: list[str] | None = None,
@@ -231,8 +227,9 @@ def commit() -> str:
 
 
 def state_text(state: dict) -> str:
-    return (f"ATen {state['aten_capability']}, oneMKL {state['mkl_branch']}, oneDNN cap {state['onednn_max_isa'] or 'none'}, "
-            f"{state['threads']} thread")
+    return (f"ATen {state['aten_capability']}, oneMKL {state['mkl_branch']} (cap {state['mkl_max_isa'] or 'none'}, "
+            f"shim {'loaded' if state['mkl_shim'] else 'not loaded'}), oneDNN cap "
+            f"{state['onednn_max_isa'] or 'none'}, {state['threads']} thread")
 
 
 def markdown(rows: list[dict], states: dict, ops: list[dict], a, load: tuple, wall_s: float) -> str:
@@ -263,13 +260,10 @@ def markdown(rows: list[dict], states: dict, ops: list[dict], a, load: tuple, wa
         f"batch of its shapes), {a.rounds} rounds of {a.steps} training steps (forward, backward, clipping, AdamW) "
         "in each worker, the order rotating between rounds. Times are medians (ms per step); a ratio is to native, "
         f"the median over rounds, with its range. Target: portable / native <= {a.target:.2f}. "
-        + (f"Beside portable, what locates its cost: '{NO_MKL_PIN}' is portable without oneMKL's COMPATIBLE branch "
-           "(what the ATen and oneDNN pins cost)" if NO_MKL_PIN in variants else "")
-        + (f"; '{MKL_AVX2}' is portable with oneMKL's AVX2 reproducibility branch instead (`MKL_CBWR=AVX2`), which "
-           "oneMKL offers on Intel CPUs only" + ("" if numerics.cpu_vendor() == "GenuineIntel" else
-                                                " (here reached by answering its vendor check as Intel, "
-                                                "tools/mkl_vendor.py: not vendor-independent, and not a supported use)")
-           if MKL_AVX2 in variants else "") + ".",
+        + (f"Beside portable: '{NOT_STRICT}' is portable without oneMKL's STRICT mode (what STRICT costs)"
+           if NOT_STRICT in variants else "")
+        + (f"; '{COMPATIBLE}' is portable with oneMKL's vendor-independent COMPATIBLE branch (SSE2) instead of its "
+           "AVX2 one, without the shim (portable before)" if COMPATIBLE in variants else "") + ".",
         "",
         "| task | mixer | d | batch | native ms | portable ms | portable / native | range | "
         + " | ".join(variants) + " |",
@@ -306,6 +300,7 @@ def markdown(rows: list[dict], states: dict, ops: list[dict], a, load: tuple, wa
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--shim", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=2, help="training steps per configuration, worker and round")
     p.add_argument("--target", type=float, default=TARGET)
@@ -316,20 +311,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", type=Path, default=None, help="write the page here (docs/numerics-cost.md)")
     a = p.parse_args(argv)
     if a.worker:
-        return _worker()
+        return _worker(a.shim)
     load0, t0 = os.getloadavg()[0], time.time()
-    with tempfile.TemporaryDirectory() as shim_dir:
-        chosen = settings(None if a.no_variants else shim_dir)
-        if a.no_variants:
-            chosen = {k: v for k, v in chosen.items() if k in (NATIVE, PORTABLE)}
-        workers = {m: Worker(m, v) for m, v in chosen.items()}
-        try:
-            rows = measure(workers, a.rounds, a.steps, a.only, progress=lambda m: print(m, file=sys.stderr))
-            ops = where_it_goes(workers, rows, a.steps, a.profiles, a.ops, a.target) if a.ops else []
-            states = {m: w.hello["state"] for m, w in workers.items()}
-        finally:
-            for w in workers.values():
-                w.close()
+    chosen = settings()
+    if a.no_variants:
+        chosen = {k: v for k, v in chosen.items() if k in (NATIVE, PORTABLE)}
+    workers = {m: Worker(m, variables, shim) for m, (variables, shim) in chosen.items()}
+    try:
+        rows = measure(workers, a.rounds, a.steps, a.only, progress=lambda m: print(m, file=sys.stderr))
+        ops = where_it_goes(workers, rows, a.steps, a.profiles, a.ops, a.target) if a.ops else []
+        states = {m: w.hello["state"] for m, w in workers.items()}
+    finally:
+        for w in workers.values():
+            w.close()
     text = markdown(rows, states, ops, a, (load0, os.getloadavg()[0]), time.time() - t0)
     print(text)
     if a.markdown:

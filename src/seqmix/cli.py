@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from seqmix import numerics
+from seqmix import mkl_shim, numerics
 from seqmix.errors import ConfigError, problem_lines
 from seqmix.study.settings import DEFAULT_CONFIG, MIRROR_ENV
 
@@ -50,8 +50,8 @@ def numerics_of(args) -> tuple[str, str | None]:
     if asked := getattr(args, "asked_numerics", None):
         return asked, "--numerics"
     try:
-        if spec:
-            return numerics.mode_in_spec(spec) or numerics.DEFAULT, "--spec"
+        if spec:  # a job without numerics (a data job) computes nothing with torch: nothing to pin
+            return numerics.mode_in_spec(spec) or "native", "--spec"
         if run and (mode := numerics.mode_in_run(run)):
             return mode, f"{run}/config.json"
         if config:
@@ -70,17 +70,21 @@ def numerics_of(args) -> tuple[str, str | None]:
 
 
 def pin_numerics(args) -> None:
-    """Set the variables of the command's numerics (seqmix.numerics) before torch is imported,
-    or refuse a host that cannot run them; ``args.numerics`` records the mode. In a process
-    that imported torch before (a call from within Python: a test, a notebook) it is too late
-    to pin the libraries, and nothing is set: provenance records the code paths that ran
-    (seqmix.train.provenance.numerics_record), and the report flags runs that were not pinned."""
+    """Set the variables of the command's numerics (seqmix.numerics) and, for portable, load
+    oneMKL's shim (seqmix.mkl_shim) before torch is imported, or refuse a host that cannot run
+    them; ``args.numerics`` records the mode. In a process that imported torch before (a call
+    from within Python: a test, a notebook) it is too late to pin the libraries, and nothing is
+    set: provenance records the code paths that ran (seqmix.train.provenance.numerics_record),
+    and the report flags runs that were not pinned."""
     mode, where = numerics_of(args)
     args.numerics = mode
-    if problem := numerics.host_problem(mode):
+    mkl_shim.configure(os.environ.get(mkl_shim.CACHE_ENV))
+    if problem := numerics.host_problem(mode) or numerics.shim_problem(mode):
         raise ConfigError(problem + (f" (the numerics of {where})" if where else ""))
     if "torch" not in sys.modules:
         os.environ.update(numerics.environment(mode))
+        if mode == "portable":
+            mkl_shim.load()  # built by shim_problem; before libtorch binds oneMKL's functions
 
 
 def keep_freed_memory_unless_asked() -> bool:

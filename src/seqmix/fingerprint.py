@@ -23,34 +23,60 @@ from seqmix.study.jobs import TrainJob
 
 # The prose of docs/hosts.md around its generated tables: what a fingerprint shows and what not.
 HOSTS_NOTES = """\
-`numerics: portable` pins ATen to its AVX2 kernels, oneDNN to AVX2 and oneMKL to its COMPATIBLE
-branch, on one thread (seqmix/numerics.py); a host needs x86-64 with AVX2 and FMA. Every x86-64
-host of that kind should give the portable fingerprint below: one that differs, with the code it
-was made from unchanged (tests/test_numerics.py checks both), is a defect of the pinning to find
-on that host (`python -m tools.numerics_probe` tells which library moves the bits), not a value
-to record. `native` fingerprints are listed for comparison: they differ between hosts of other
-instruction sets or vendors.
+`numerics: portable` (the default) pins ATen to its AVX2 kernels, oneDNN to AVX2 and oneMKL to
+its AVX2 conditional-numerical-reproducibility branch in STRICT mode, capped at AVX2, on one
+thread, and loads into every job a small library built with the machine's C compiler once
+(seqmix/mkl_shim.py) that answers oneMKL's vendor check as Intel and makes `torch.sqrt` IEEE's.
+A host needs x86-64 with AVX2 and FMA and a C compiler. Every such host should give the portable
+fingerprint below: one that differs, with the code it was made from unchanged
+(tests/test_numerics.py checks both), is a defect of the pinning to find on that host
+(`python -m tools.numerics_probe` tells which library moves the bits), not a value to record.
+`native` fingerprints are listed for comparison: they differ between hosts of other instruction
+sets or vendors.
 
 What is known per library (the evidence: docs/numerics-probe.md, tests/test_numerics.py):
 
-- oneMKL cannot be pinned to one AVX2 path on AMD CPUs: its AVX2 reproducibility branch
-  (`MKL_CBWR=AVX2`) exists on Intel CPUs only, and on AMD oneMKL runs AUTO instead (it reports
-  AUTO, and the weights are those of the default), a Zen kernel of its generic branch that no
-  Intel host runs; `MKL_ENABLE_INSTRUCTIONS` changes nothing there. Portable therefore uses the
-  COMPATIBLE branch, which every vendor runs: with oneMKL made to dispatch as on the other
-  vendor's CPUs (tools/mkl_vendor.py), the portable fingerprint stays the same and the native
-  one changes. `perf report` on an AMD EPYC (Zen 5) named the kernels: `mkl_blas_def_sgemm_kernel_0_zen`
-  natively, `mkl_blas_cnr_def_*` under COMPATIBLE whichever vendor oneMKL believed, and
-  `mkl_blas_avx512_*` / `mkl_dft_avx512_*` natively as on Intel; the FFTs (H3's convolution) ran
-  `mkl_dft_def_*` natively on AMD and under COMPATIBLE as on either vendor. That branch is what
-  makes portable cost more than native (docs/numerics-cost.md).
+- oneMKL picks its kernels by the CPU's vendor as well as its instruction sets: natively on an
+  AMD EPYC (Zen 5) `perf report` names `mkl_blas_def_sgemm_kernel_0_zen`, a Zen kernel of its
+  generic branch, where an Intel CPU runs `mkl_blas_avx512_*`. Its AVX2 branch exists on Intel
+  CPUs only: on AMD it reports AUTO and runs the Zen kernels. With the shim it reports
+  `AVX2,STRICT` on AMD and runs `mkl_blas_avx2_sgemm_kernel_0_cnr`, `mkl_dft_avx2_*` and
+  `mkl_vml_kernel_s*_L9HAynn`, Intel's AVX2 kernels; the weights are the same whether the shim is
+  loaded in the process (as seqmix does) or by `LD_PRELOAD`, and differ without it.
+- The shim relies on oneMKL's internal vendor check (`mkl_serv_intel_cpu_true`,
+  `mkl_serv_intel_cpu`, `mkl_serv_cpuiszen`), which Intel does not document or support: a oneMKL
+  that renames these functions ignores it; the run's provenance then says oneMKL ran AUTO, the
+  report flags its runs as not pinned, and the fingerprint test fails.
+- Intel's kernels run on another vendor's CPU: additions, multiplications, FMAs, divisions and
+  square roots round alike on every x86-64 CPU, the approximate `rcpps`/`rsqrtps` do not. In the
+  wheel's oneMKL (`objdump -d` of libtorch_cpu.so), no matrix-product or FFT kernel uses them,
+  nor the vector exp, log and tanh ATen calls; the single square root does (`vmsSqrt`, AVX2: one
+  Newton step from `vrsqrtps`), and rounds some inputs below 2^-102 otherwise than IEEE's
+  square root, which ones depending on the approximation: the shim replaces it with the correctly
+  rounded one. Not yet seen on an Intel host.
+- A cap of oneMKL's instructions set from outside overrides its reproducibility branch: with
+  `MKL_ENABLE_INSTRUCTIONS=AVX512` oneMKL still reports AVX2 but gives the bits of its AVX-512
+  branch, so portable sets `MKL_ENABLE_INSTRUCTIONS=AVX2` itself (which changes nothing under the
+  AVX2 branch). Whether an Intel CPU whose best is plain AVX-512 does the same unasked is not
+  known.
+- STRICT changes every mixer's bits against the same branch without it, and keeps a matrix
+  product's bits when the thread count changes, which the branch alone does not (a 64 x 6,144 x
+  64 product differs between 1 and 2 threads without STRICT); it costs little
+  (docs/numerics-cost.md).
 - ATen at a fixed capability and oneDNN capped at AVX2 choose their kernels from the CPU's flags,
-  not its vendor (oneDNN's AMD-only paths need AVX-512); capping them and oneMKL as on an
-  AVX2-only host leaves the portable fingerprint unchanged.
-- Not yet seen on a host of the other vendor: the vendor test above changes oneMKL's dispatch
-  only, so blocking that ATen or oneDNN derive from cache sizes, and the compiler and glibc that
-  build Mamba's fused CPU scan on each host (g++ -O3 -ffast-math -mavx2 -mfma, glibc's vector
-  exp), are checked only by a fingerprint recorded on such a host. Add one with
+  not its vendor (oneDNN's AMD-only paths need AVX-512); the JIT kernels oneDNN generated for the
+  fingerprint use no approximate instruction (`ONEDNN_JIT_DUMP`). Capping ATen, oneDNN, oneMKL
+  and glibc's own dispatch as on an AVX2-only host leaves the portable fingerprint unchanged.
+- Mamba's fused CPU scan is compiled on each host (g++ -O3 -ffast-math -fopenmp-simd -mavx2
+  -mfma; kernels/selective_scan_cpu.py) and calls glibc's vector exp (libmvec) in its loops: its
+  bits are the compiler's and glibc's, the same on hosts with the same ones, whatever their
+  vendor. -ffast-math is the risk there: it leaves the order of the scan's sums and its
+  contractions to the compiler, and built at -O2 instead of -O3 its backward already gives other
+  bits (docs/numerics-probe.md); without it the loops do not vectorise (no vector exp) and run
+  several times slower. A host with another compiler version or glibc can differ in Mamba alone.
+  The extension is linked without -ffast-math, so it does not turn on flush-to-zero for the
+  process.
+- Not yet seen: a host of another vendor. Add one with
   `python -m seqmix fingerprint --numerics portable --record docs/hosts.md`.
 """
 CONFIG = REPO_ROOT / "config" / "fingerprint.yaml"  # the models, their shapes and steps

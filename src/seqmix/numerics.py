@@ -4,28 +4,35 @@ host (the study's ``numerics:``; README, "Numerics").
 Three libraries under PyTorch pick their code from the CPU they run on, and each path rounds
 differently: ATen's vectorised kernels (AVX-512 or AVX2, from the CPU's flags), oneDNN's JIT
 kernels (Mamba's conv1d, the feed-forward's GELU; from the flags) and oneMKL's matrix
-products and FFTs (from the flags *and the vendor*: on AMD a Zen kernel of its generic branch,
-on Intel an AVX-512 one). ``portable`` pins each to one path every x86-64 host with AVX2 and
-FMA has, and fixes the thread count:
+products, FFTs and vector math (from the flags *and the vendor*: on AMD a Zen kernel of its
+generic branch, on Intel an AVX-512 one). ``portable`` pins each to one path every x86-64 host
+with AVX2 and FMA has, and fixes the thread count:
 
 - ``ATEN_CPU_CAPABILITY=avx2``: ATen's AVX2 kernels (no approximate rcp/rsqrt instructions);
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's AVX2 kernels (its AMD-only paths need AVX-512);
-- ``MKL_CBWR=COMPATIBLE``: oneMKL's conditional-numerical-reproducibility branch that is the
-  same on every vendor (SSE2 without rcpps/rsqrtps, fixed blocking). Its AVX2 branch would be
-  faster but exists on Intel CPUs only: elsewhere ``MKL_CBWR=AVX2`` silently runs AUTO
-  (oneMKL developer guide, "Getting Started with Conditional Numerical Reproducibility");
+- ``MKL_CBWR=AVX2,STRICT``: oneMKL's AVX2 conditional-numerical-reproducibility branch, the
+  same kernels on every CPU with AVX2 and FMA; STRICT keeps its matrix products' bits when the
+  thread count or the arrays' alignment changes (a job may set ``train.threads``). oneMKL
+  offers this branch on Intel CPUs only (elsewhere it silently runs AUTO), and its single
+  square root refines the CPU's approximate ``vrsqrtps``, which rounds differently on each
+  vendor: the CLI loads a small library before torch on every host (seqmix.mkl_shim, built with
+  the machine's C compiler once) that answers oneMKL's vendor check as Intel and makes
+  ``torch.sqrt`` the correctly rounded one. oneMKL's vendor-independent COMPATIBLE branch
+  (SSE2) needs neither but costs about 1.5x native on an AVX-512 host (docs/numerics-cost.md);
+- ``MKL_ENABLE_INSTRUCTIONS=AVX2``: oneMKL capped at AVX2 as well, which changes nothing under
+  that branch, but a cap of AVX512 set from outside overrides the branch (oneMKL then runs its
+  AVX-512 kernels while still reporting AVX2; docs/numerics-probe.md);
 - one OpenMP and one oneMKL thread (a job that sets its own count, ``train.threads``, keeps it).
 
-``native`` leaves every library to the host: faster where it has AVX-512, results that
-depend on the CPU. It is the default because portable costs well over the 1.10x of native
-this project allows a default on an AVX-512 host, nearly all of it in oneMKL's COMPATIBLE
-matrix products (docs/numerics-cost.md); which library moves the bits: docs/numerics-probe.md;
-the hosts measured: docs/hosts.md.
+``portable`` is the default: on an AVX-512 host it costs about what native costs, where the
+target is 1.10x (docs/numerics-cost.md: 0.94x on an AMD EPYC, Zen 5; Intel hosts are not
+measured here). ``native`` leaves every library to the host: results that depend on the CPU.
+Which library moves the bits: docs/numerics-probe.md; the hosts measured: docs/hosts.md.
 
 Standard library only, and nothing here touches the environment: the CLI decides the mode
-from the job's spec or config before torch is imported and sets these variables itself
-(the libraries read them when they load or first run), the Snakefile exports them in every
-job's shell (seqmix.study.dag.shell_prefix).
+from the job's spec or config before torch is imported, sets these variables itself (the
+libraries read them when they load or first run) and loads the shim (seqmix.cli.pin_numerics);
+the Snakefile exports the variables in every job's shell (seqmix.study.dag.shell_prefix).
 """
 
 from __future__ import annotations
@@ -36,23 +43,39 @@ import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
+from seqmix import mkl_shim
+
 MODES = ("portable", "native")
-DEFAULT = "native"  # why: the module docstring
+DEFAULT = "portable"  # why: the module docstring
 
 # What ``portable`` sets, and why each: the module docstring.
 PINS: dict[str, str] = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "MKL_CBWR": "COMPATIBLE",
+    "MKL_CBWR": "AVX2,STRICT",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
-# What a run's provenance records of its environment: the pins, and the cap that makes a host
-# look like one without AVX-512 to oneMKL (a test sets it).
-VARIABLES = (*PINS, "MKL_ENABLE_INSTRUCTIONS")
+# What a portable process runs, as seqmix.train.provenance reads it back: ATen's capability and
+# oneMKL's branch from the libraries, oneDNN's cap from the environment.
+PINNED = {"aten_capability": ("ATen", "AVX2"), "mkl_branch": ("oneMKL", PINS["MKL_CBWR"]),
+          "mkl_max_isa": ("oneMKL cap", PINS["MKL_ENABLE_INSTRUCTIONS"]),
+          "onednn_max_isa": ("oneDNN cap", PINS["ONEDNN_MAX_CPU_ISA"])}
+SHIM = "mkl_shim"  # the record's key for the shim's file (seqmix.mkl_shim.loaded), None: not loaded
+VARIABLES = tuple(PINS)  # what a run's provenance records of its environment
 # The flags every portable host has: AVX2 and FMA, the vector part of x86-64-v3.
 MINIMUM = ("avx2", "fma")
 MINIMUM_NAME = "AVX2 and FMA (x86-64-v3)"
+
+
+def differences(record: dict) -> list[str]:
+    """The paths a process ran that portable does not pin (``["oneMKL AUTO,STRICT"]``: the shim's
+    vendor answer did not take effect; ``["oneMKL shim not loaded"]``), from its numerics record
+    (seqmix.train.provenance.numerics_record); []: every pin held."""
+    missed = [f"{library} {record.get(key) or 'none'}" for key, (library, pinned) in PINNED.items()
+              if str(record.get(key) or "").upper() != pinned.upper()]
+    return missed + ([] if record.get(SHIM) else ["oneMKL shim not loaded"])
 
 
 def environment(mode: str) -> dict[str, str]:
@@ -113,22 +136,42 @@ def vector_isa(flags: list[str]) -> str:
     return "AVX" if "avx" in have else "SSE"
 
 
+FIX = "or set numerics: native in the config (its results then depend on the CPU that runs them)"
+
+
 def host_problem(mode: str, flags: list[str] | None = None, machine: str | None = None,
                  model: str | None = None) -> str | None:
     """Why this host cannot run ``mode`` (None: it can): portable needs an x86-64 CPU with
-    AVX2 and FMA."""
+    AVX2 and FMA, and a C compiler to build oneMKL's shim once (unless it is built)."""
     if mode != "portable":
         return None
     machine = machine or platform.machine()
-    fix = "or set numerics: native in the config (its results then depend on the CPU that runs them)"
     if machine.lower() not in ("x86_64", "amd64"):
         return (f"numerics: portable pins the x86-64 code paths of ATen, oneDNN and oneMKL, and this host is "
-                f"{machine}: run on an x86-64 host with {MINIMUM_NAME}, {fix}")
+                f"{machine}: run on an x86-64 host with {MINIMUM_NAME}, {FIX}")
     flags = cpu_flags() if flags is None else flags
     missing = [f for f in MINIMUM if f not in flags]
     if missing:
         return (f"numerics: portable needs a CPU with {MINIMUM_NAME}, and this host's "
-                f"({model or cpu_model()}) lacks {', '.join(missing)}: run on such a host, {fix}")
+                f"({model or cpu_model()}) lacks {', '.join(missing)}: run on such a host, {FIX}")
+    if not mkl_shim.path().exists() and mkl_shim.compiler() is None:
+        return ("numerics: portable loads a small C library into every job so that oneMKL computes alike on any "
+                "vendor's CPU (seqmix/mkl_shim.py), built once per machine, and this host has no C compiler (cc): "
+                f"install one (e.g. apt-get install gcc), {FIX}")
+    return None
+
+
+def shim_problem(mode: str) -> str | None:
+    """Build oneMKL's shim where ``mode`` needs it (seqmix.mkl_shim): None once it is built or
+    where it is not needed, else why not, with the fix."""
+    if mode != "portable":
+        return None
+    try:
+        mkl_shim.build()
+    except mkl_shim.ShimError as e:
+        return (f"numerics: portable cannot build the library every job loads so that oneMKL computes alike on "
+                f"any vendor's CPU (seqmix/mkl_shim.py, into {mkl_shim.cache_dir()}): {e}; fix the C compiler (cc) "
+                f"or the cache folder (${mkl_shim.CACHE_ENV}), {FIX}")
     return None
 
 

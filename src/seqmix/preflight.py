@@ -200,8 +200,10 @@ def complexity_problems(expansion: Expansion, available_bytes: float) -> list[st
 
 
 def numerics_problems(study: Study) -> list[str]:
-    """A host that cannot run the study's numerics (portable: below AVX2 and FMA, or not x86-64)."""
-    problem = numerics.host_problem(study.numerics)
+    """A host that cannot run the study's numerics (portable: below AVX2 and FMA, not x86-64, or
+    without the means to build oneMKL's shim, which is built here, once, before the jobs that
+    load it start)."""
+    problem = numerics.host_problem(study.numerics) or numerics.shim_problem(study.numerics)
     return [f"config key 'numerics': {problem}"] if problem else []
 
 

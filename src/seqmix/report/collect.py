@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import TypedDict
 
+from seqmix import numerics
 from seqmix.io import read_json, write_rows
 from seqmix.sources import changed
 
@@ -61,7 +62,7 @@ class RunRow(TypedDict):
     test_data: str
     tokenizer: str
     device: str
-    numerics: str  # as the run ran (numerics_of): portable, native, "portable, not pinned"; '' unrecorded
+    numerics: str  # as the run ran (numerics_of): portable, native, "portable, not pinned (oneMKL AUTO)"; "" unrecorded
     cpu: str  # the CPU that ran it and its widest vector instruction set ('' unrecorded)
     wall_time_s: float
     commit: str  # the commit it was trained at ('' unknown)
@@ -118,12 +119,16 @@ def run_row(run_dir: Path) -> RunRow:
 
 def numerics_of(provenance: dict) -> dict:
     """The numerics a run ran under and the CPU it ran on (seqmix.train.provenance.numerics_record):
-    ``portable`` where every library was pinned, ``native`` where the host chose, ``portable, not
-    pinned`` where portable was asked but the process could not pin (a call from within Python)."""
+    ``portable`` where every library ran the path portable pins now, ``native`` where the host
+    chose, ``portable, not pinned (oneMKL AUTO,STRICT)`` where portable was asked and a library ran
+    another path, named: a call from within Python, a oneMKL that ignored its shim, a run made
+    under an earlier portable (its oneMKL branch COMPATIBLE)."""
     rec = provenance.get("numerics") or {}
     if not rec:
         return {"numerics": "", "cpu": ""}
-    mode = "portable" if rec.get("pinned") else "portable, not pinned" if rec.get("mode") == "portable" else "native"
+    mode = "native"
+    if rec.get("mode") == "portable":
+        mode = f"portable, not pinned ({', '.join(missed)})" if (missed := numerics.differences(rec)) else "portable"
     return {"numerics": mode, "cpu": f"{rec.get('cpu', '')} ({rec.get('vector_isa', '')})"}
 
 

@@ -145,7 +145,8 @@ def code_text(runs: pd.DataFrame) -> str:
 
 def numerics_text(runs: pd.DataFrame) -> str:
     """Which numerics the runs ran under (README, Numerics) and on which CPUs, flagging a study
-    whose runs mix numerics or hosts: ``qNumerics``."""
+    whose runs mix numerics or hosts, or portable runs whose libraries did not all take the pinned
+    path (seqmix.report.collect.numerics_of): ``qNumerics``."""
     def runs_of(n: int) -> str:
         return f"{n} run{'s' if n != 1 else ''}"
 
@@ -172,6 +173,9 @@ def numerics_text(runs: pd.DataFrame) -> str:
     elif len(cpus) > 1:
         text += (" \\textbf{Runs from several hosts} not all pinned: hosts of different instruction sets or vendors "
                  "give different last bits, and a run on a plateau can end otherwise.")
+    elif any(m.startswith("portable, not pinned") for m, _ in known):
+        text += (" \\textbf{Portable runs not pinned}: a library ran another path than portable pins (named above; "
+                 "oneMKL AUTO: oneMKL's shim did not take effect), so another x86 host can give other last bits.")
     else:
         text += (" Not every library was pinned: another x86 host can give other last bits, and a run on a plateau "
                  "another outcome (numerics: portable pins them).")

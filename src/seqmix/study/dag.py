@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from seqmix import REPO_ROOT, catalogue, numerics
+from seqmix import REPO_ROOT, catalogue, mkl_shim, numerics
 from seqmix.io import sha256_file, yaml_data
 from seqmix.sources import library_dirs
 
@@ -55,6 +55,7 @@ def load(config: Mapping[str, Any], configfiles: Sequence[str | os.PathLike] = (
     """The job table of the study Snakemake was given: the last of ``configfiles`` (its
     ``extends`` resolved; none: config/config.yaml) with ``config`` on top (what Snakemake
     merged from those files and ``--config``). A profile is that one file plus the defaults."""
+    mkl_shim.configure(os.environ.get(mkl_shim.CACHE_ENV))  # where the preflight builds the jobs' shim
     overrides = {k: v for k, v in config.items() if k != "extends"}
     command = [sys.executable, "-m", "seqmix", "jobs"]
     if configfiles:

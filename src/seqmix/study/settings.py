@@ -405,10 +405,10 @@ class StudyFile(Section):
     profile: str = Field("quick", description="name of this study, written into every result")
     numerics: NumericsMode = Field(  # type: ignore[valid-type]
         numerics.DEFAULT,
-        description="portable: every job pins ATen, oneDNN and oneMKL to one code path every x86-64 CPU with "
-                    "AVX2 and FMA has, on one thread, so that any such host gives the same bits; native (the default: "
-                    "portable costs more, docs/numerics-cost.md): each library takes the host's fastest path, and "
-                    "results depend on the CPU (seqmix/numerics.py)")
+        description="portable (the default): every job pins ATen, oneDNN and oneMKL to one code path every x86-64 "
+                    "CPU with AVX2 and FMA has, on one thread, and loads a small library built with the machine's C "
+                    "compiler once (seqmix/mkl_shim.py), so that any such host gives the same bits; native: each "
+                    "library takes the host's fastest path, and results depend on the CPU (seqmix/numerics.py)")
     results_dir: str = Field("results", description="where runs, analyses and logs are written (no {, }, <, > or leading ~: Snakemake builds its paths from it)",
                              json_schema_extra=WORKFLOW_PATH_PATTERN)
     data: DataSettings = DataSettings()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from seqmix import REPO_ROOT, numerics
+from seqmix import REPO_ROOT, mkl_shim, numerics
 from seqmix.mixers import dispatch
 from seqmix.sources import Code
 
@@ -68,11 +68,13 @@ def cpu_name() -> str:
 MKL_BRANCHES = {0: "OFF", 1: "BRANCH_OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
                 8: "SSE4_2", 9: "AVX", 10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1",
                 14: "AVX512_E1"}
+MKL_CBWR_ALL, MKL_CBWR_STRICT = -1, 0x10000  # mkl_cbwr_get's "every setting", and its strict-mode bit
 
 
 def mkl_branch() -> str | None:
-    """The oneMKL code branch this process runs (``MKL_CBWR``'s effect, which oneMKL reports
-    after choosing: on a non-Intel CPU an Intel-only branch reads AUTO); None without oneMKL."""
+    """The oneMKL code branch this process runs, as ``MKL_CBWR`` names it (``AVX2,STRICT``):
+    what oneMKL reports after choosing (on a non-Intel CPU without seqmix.mkl_shim's shim an
+    Intel-only branch reads AUTO); None without oneMKL."""
     import ctypes
 
     try:
@@ -80,26 +82,27 @@ def mkl_branch() -> str | None:
     except (OSError, AttributeError):
         return None
     get.restype = ctypes.c_int
-    code = get(1)  # MKL_CBWR_BRANCH
-    return MKL_BRANCHES.get(code & 0xFFFF, str(code))
+    code = get(MKL_CBWR_ALL)
+    if code < 0:  # an error code: this oneMKL reads the branch alone
+        code = get(1)  # MKL_CBWR_BRANCH
+    return MKL_BRANCHES.get(code & 0xFFFF, str(code & 0xFFFF)) + (",STRICT" if code > 0 and code & MKL_CBWR_STRICT else "")
 
 
 def numerics_record() -> dict:
     """The numerics this process runs: the mode its command asked for (seqmix.numerics),
     whether each library took the pinned path (ATen's capability and oneMKL's branch read
-    from the libraries, oneDNN's cap from the environment), the threads, and the CPU with its
+    from the libraries, oneMKL's and oneDNN's caps from the environment), the file of oneMKL's
+    shim where it is loaded (seqmix.mkl_shim), the threads, and the CPU with its vendor and
     flags. ``pinned``: every pin in effect, so that the run's bits are those of any other host
     with AVX2 and FMA (docs/hosts.md)."""
     env = SETTINGS["environment"]
     effective = {"aten_capability": torch.backends.cpu.get_cpu_capability(), "mkl_branch": mkl_branch(),
-                 "onednn_max_isa": env.get("ONEDNN_MAX_CPU_ISA"), "threads": torch.get_num_threads()}
-    pinned = (effective["aten_capability"] == "AVX2"
-              and effective["mkl_branch"] == numerics.PINS["MKL_CBWR"]
-              and (env.get("ONEDNN_MAX_CPU_ISA") or "").upper() == numerics.PINS["ONEDNN_MAX_CPU_ISA"])
+                 "mkl_max_isa": env.get("MKL_ENABLE_INSTRUCTIONS"), "onednn_max_isa": env.get("ONEDNN_MAX_CPU_ISA"),
+                 "threads": torch.get_num_threads(), numerics.SHIM: mkl_shim.loaded()}
     flags = numerics.cpu_flags()
-    return {"mode": SETTINGS["numerics"], "pinned": pinned, **effective, "environment": env,
-            "cpu": numerics.cpu_model(), "vendor": numerics.cpu_vendor(), "vector_isa": numerics.vector_isa(flags),
-            "cpu_flags": " ".join(flags)}
+    return {"mode": SETTINGS["numerics"], "pinned": numerics.differences(effective) == [], **effective,
+            "environment": env, "cpu": numerics.cpu_model(), "vendor": numerics.cpu_vendor(),
+            "vector_isa": numerics.vector_isa(flags), "cpu_flags": " ".join(flags)}
 
 
 def device_record(device: torch.device) -> dict:
