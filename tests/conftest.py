@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-REPO = Path(__file__).resolve().parents[1]
+from .helpers import REPO
 
 # Without CUDA the Triton kernels run only under the interpreter, which triton reads when
 # its language module is imported: set it before any test imports triton (the cost counts
@@ -19,17 +19,41 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-# Set by CI (.ci/run): there a missing mirror is a failure, not a reason to skip the tests
-# of the data layer and of WikiText-2 / SNLI training.
+# What CI must test, by the variable .ci/run sets to 1 for it: where one of these is missing,
+# a test that needs it skips on a developer's machine and fails in CI (skip_or_fail), so that
+# CI is never green without having tested it. tests/test_repository.py holds .ci/run to this
+# list and every skip in tests/ to skip_or_fail with one of these.
+REQUIREMENTS = {
+    "SEQMIX_REQUIRE_MIRROR": "the data layer",
+    "SEQMIX_REQUIRE_SLURM": "the cluster path",
+    "SEQMIX_REQUIRE_CPU_EXTENSION": "Mamba's fused CPU scan",
+    "SEQMIX_REQUIRE_NAMESPACE": "a real full disk",
+    "SEQMIX_REQUIRE_TRITON": "the Triton kernels",
+    "SEQMIX_REQUIRE_MALLOPT": "glibc's malloc settings",
+}
 REQUIRE_MIRROR_ENV = "SEQMIX_REQUIRE_MIRROR"
+REQUIRE_TRITON_ENV = "SEQMIX_REQUIRE_TRITON"
 
 
-def skip_or_fail(msg: str, require_env: str, what: str) -> NoReturn:
+def skip_or_fail(msg: str, require_env: str, what: str | None = None) -> NoReturn:
     """Skip with ``msg`` on a developer's machine; fail where ``$require_env`` is 1 (CI sets
-    it), where skipping would leave CI green without having tested ``what``."""
+    it), where skipping would leave CI green without having tested ``what`` (by default what
+    REQUIREMENTS says the variable stands for)."""
+    what = what or REQUIREMENTS[require_env]
     if os.environ.get(require_env) == "1":
         pytest.fail(f"{msg} ({require_env}=1: this run must test {what})", pytrace=False)
-    pytest.skip(msg)
+    pytest.skip(msg, allow_module_level=True)
+
+
+def require_triton():
+    """The triton module, for a test module's top level: skipped without it on a developer's
+    machine, failed in CI ($SEQMIX_REQUIRE_TRITON=1)."""
+    try:
+        import triton
+    except ImportError as e:
+        skip_or_fail(f"triton cannot be imported here ({e}): the kernel tests need it (requirements.txt pins it)",
+                     REQUIRE_TRITON_ENV)
+    return triton
 
 
 def mirror_path() -> Path | None:
@@ -40,17 +64,22 @@ def mirror_path() -> Path | None:
     return candidate.resolve() if (candidate / "wikitext-2-raw").is_dir() else None
 
 
+def require_mirror() -> Path:
+    """The data mirror; without one, skip_or_fail (SEQMIX_REQUIRE_MIRROR)."""
+    path = mirror_path()
+    if path is None:
+        where = os.environ.get("SEQMIX_DATA_MIRROR") or REPO.parent / "shared" / "data"
+        skip_or_fail(f"no data mirror at {where}: set SEQMIX_DATA_MIRROR to a directory with the mirror layout "
+                     "(README: The data mirror)", REQUIRE_MIRROR_ENV)
+    return path
+
+
 @pytest.fixture(scope="session")
 def mirror() -> Path:
     """The data mirror. Tests that need it skip without one on a developer's machine, and
     fail in CI ($SEQMIX_REQUIRE_MIRROR=1), where skipping them would leave CI green
     without having tested the data layer."""
-    path = mirror_path()
-    if path is None:
-        where = os.environ.get("SEQMIX_DATA_MIRROR") or REPO.parent / "shared" / "data"
-        skip_or_fail(f"no data mirror at {where}: set SEQMIX_DATA_MIRROR to a directory with the mirror layout (README: The data mirror)",
-                     REQUIRE_MIRROR_ENV, "the data layer")
-    return path
+    return require_mirror()
 
 
 # Every mixer's small options for tests: fp64 property checks and full Jacobians stay fast
