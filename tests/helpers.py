@@ -151,21 +151,26 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, what: str, *, atol: floa
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
 
 
-def assert_same_fwd_bwd(fast: Callable, ref: Callable, inputs: Sequence, *, atol: float, rtol: float = 0.0,
-                        grad_atol: float | None = None, grad_rtol: float | None = None, scaled: bool = False,
-                        names: Sequence[str] | None = None, seed: int = 0) -> None:
-    """``fast(*inputs)`` equals ``ref(*inputs)``, and so does the gradient of every input that
-    requires one, for one seeded random cotangent (None inputs are passed as they are).
-    Gradients take ``grad_atol``/``grad_rtol`` where given, else the forward's tolerances."""
-    out_fast, out_ref = fast(*inputs), ref(*inputs)
-    assert_close(out_fast, out_ref, "forward", atol=atol, rtol=rtol, scaled=scaled)
+def assert_close_fwd_bwd(out: torch.Tensor, want: torch.Tensor, inputs: Sequence, *, atol: float, rtol: float = 0.0,
+                         grad_atol: float | None = None, grad_rtol: float | None = None, scaled: bool = False,
+                         names: Sequence[str] | None = None, seed: int = 0) -> None:
+    """``out`` equals ``want`` (both computed from ``inputs``), and so does the gradient of
+    every input that requires one, for one seeded random cotangent (inputs that are None or
+    need no gradient are left out). Gradients take ``grad_atol``/``grad_rtol`` where given,
+    else the forward's tolerances; ``scaled`` as in assert_close."""
+    assert_close(out, want, "forward", atol=atol, rtol=rtol, scaled=scaled)
     wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-    names = list(names) if names is not None else [f"input {i}" for i in range(len(wrt))]
+    names = list(names) if names is not None else [f"(input {i})" for i in range(len(wrt))]
     assert len(names) == len(wrt), (names, len(wrt))
-    cotangent = torch.randn(out_ref.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=out_ref.dtype)
-    for name, g_fast, g_ref in zip(names, grads(out_fast, wrt, cotangent), grads(out_ref, wrt, cotangent)):
-        assert_close(g_fast, g_ref, f"d{name}", atol=atol if grad_atol is None else grad_atol,
+    cotangent = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=want.dtype)
+    for name, g_out, g_want in zip(names, grads(out, wrt, cotangent), grads(want, wrt, cotangent)):
+        assert_close(g_out, g_want, f"d{name}", atol=atol if grad_atol is None else grad_atol,
                      rtol=rtol if grad_rtol is None else grad_rtol, scaled=scaled)
+
+
+def assert_same_fwd_bwd(fast: Callable, ref: Callable, inputs: Sequence, **tolerances) -> None:
+    """``fast(*inputs)`` equals ``ref(*inputs)``, forward and backward (assert_close_fwd_bwd)."""
+    assert_close_fwd_bwd(fast(*inputs), ref(*inputs), inputs, **tolerances)
 
 
 def scan_inputs(Bt: int, D: int, N: int, L: int, *, strong: bool = False, skip: bool = True, gate: bool = False,
