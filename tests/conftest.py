@@ -105,6 +105,19 @@ TINY_OPTIONS: dict[str, dict] = {
 }
 
 
+def tiny_mixer(name: str, causal: bool | None = None, max_len: int = 16, dtype: torch.dtype = torch.float64,
+               d_model: int = 8, **overrides):
+    """Mixer ``name`` with its TINY_OPTIONS (and ``overrides``), seeded, in ``dtype``, in eval
+    mode; causal where it has a causal form unless ``causal`` says otherwise."""
+    from seqmix import mixers
+
+    if causal is None:
+        causal = mixers.mixer_class(name).supports_causal
+    torch.manual_seed(0)
+    m = mixers.build(name, d_model, causal=causal, max_len=max_len, **{**TINY_OPTIONS.get(name, {}), **overrides})
+    return m.to(dtype).eval()
+
+
 def tiny_config(root: Path, mirror: Path | None, archs=("softmax", "grassmann"), seeds=(0,)) -> dict:
     """A complete config sized for tests: seconds per run on one CPU core."""
     model = {"d_model": 16, "n_layers": 1, "dropout": 0.0, "budget": {"params": None}}
@@ -151,6 +164,15 @@ def prepare_all(study) -> None:
     for g in groups(study):
         job = data_job(study, g)
         task_class(job.kind).prepare(job)
+
+
+@pytest.fixture(scope="session")
+def shared_study(tmp_path_factory, mirror):
+    """The tiny study the DAG tests share (tests/study.py), built once for the session and
+    put through what they ask of it: one build for every pytest worker."""
+    from .study import shared_study
+
+    return shared_study(tmp_path_factory, mirror)
 
 
 @pytest.fixture(scope="session")

@@ -978,32 +978,9 @@ def test_paths_the_workflow_cannot_use_are_refused_with_the_reason(tmp_path, key
 
 
 # ------------------------------------------------------------------------------------------
-# The real tiny DAG: paths with spaces, quotes and shell metacharacters; a task whose every
-# run diverges before its first evaluation.
+# The real tiny DAG (the shared study, tests/study.py): paths with spaces, quotes and shell
+# metacharacters; a task whose every run diverges before its first evaluation.
 # ------------------------------------------------------------------------------------------
-
-INJECTED = "PWNED"
-
-
-@pytest.fixture(scope="module")
-def hostile_dag(tmp_path_factory):
-    from .test_dag import copy_workflow, snakemake
-
-    root = tmp_path_factory.mktemp("hostile")
-    src = copy_workflow(root / "src")
-    work = root / "work"
-    work.mkdir()
-    marker = root / INJECTED
-    cfg = tiny_config(work, None)
-    cfg["results_dir"] = str(root / f"""my results/it's "q" $(touch {marker}1) `touch {marker}2`""")
-    cfg["data"]["dir"] = str(root / f"inj;touch {marker}3;#" / "da ta")
-    cfg["analysis"]["sparsity"]["min_row_len"] = 4  # MQAR's queries lie before position 16
-    diverge = json.loads(json.dumps(cfg["tasks"]["mqar"]))
-    diverge["train"].update(lr=1e6, grad_clip=0.0, warmup_steps=0)  # NaN at step 1 or 2; first eval at 3
-    cfg["tasks"] = {"mqar/diverge": diverge, "mqar": cfg["tasks"]["mqar"]}  # first: its legend panel too
-    (work / "hostile.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    proc = snakemake(src, work, "--configfile", str(work / "hostile.yaml"), check=False)
-    return root, work, cfg, proc
 
 
 def test_the_report_words_come_from_the_runs():
@@ -1015,28 +992,29 @@ def test_the_report_words_come_from_the_runs():
     assert [series(x) for x in (["A"], ["A", "B"], ["A", "B", "C"])] == ["A", "A and B", "A, B and C"]
     runs = pd.DataFrame({"task": ["t1", "t1", "t2", "t2", "t3"], "status": ["ok", "diverged", "diverged", "diverged", "ok"]})
     assert unfinished_tasks(runs) == ["t2"]
-    abstract = (Path(__file__).resolve().parents[1] / "paper" / "sections" / "abstract.tex").read_text()
+    abstract = (REPO / "paper" / "sections" / "abstract.tex").read_text()
     assert "\\qArchitectures" in abstract and "\\qUnfinished" in abstract and "ten " not in abstract
 
 
-def test_hostile_paths_run_the_dag_and_inject_nothing(hostile_dag):
-    root, work, cfg, proc = hostile_dag
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert not list(root.glob(f"{INJECTED}*")), "a path in the config ran as a shell command"
-    results, data = Path(cfg["results_dir"]), Path(cfg["data"]["dir"])
-    assert (results / "runs" / "mqar" / "grassmann" / "seed0" / "eval.json").exists()
-    assert (data / "mqar" / "manifest.json").exists()
-    assert (results / "report" / "report.pdf").stat().st_size > 10_000
+def test_hostile_paths_run_the_dag_and_inject_nothing(shared_study):
+    from .study import DATA, INJECTED, RESULTS
+
+    assert '"' in RESULTS and "'" in RESULTS and "$(" in RESULTS and "`" in RESULTS and ";" in DATA and " " in DATA
+    assert not list(shared_study.root.rglob(f"{INJECTED}*")), "a path in the config ran as a shell command"
+    assert (shared_study.results / "runs" / "mqar" / "grassmann" / "seed0" / "eval.json").exists()
+    assert (shared_study.data / "mqar" / "manifest.json").exists()
+    assert (shared_study.report / "report.pdf").stat().st_size > 10_000
 
 
-def test_a_task_whose_every_run_diverged_is_reported_as_such(hostile_dag):
-    root, work, cfg, proc = hostile_dag
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    runs = list(csv.DictReader(open(Path(cfg["results_dir"]) / "summary" / "runs.csv")))
-    diverged = [r for r in runs if r["task"] == "mqar/diverge"]
+def test_a_task_whose_every_run_diverged_is_reported_as_such(shared_study):
+    from .helpers import pdf_text
+    from .study import DIVERGE
+
+    runs = list(csv.DictReader(open(shared_study.results / "summary" / "runs.csv")))
+    diverged = [r for r in runs if r["task"] == DIVERGE]
     assert len(diverged) == 2 and all(r["status"] == "diverged" and int(r["diverged_at_step"]) < 3 for r in diverged)
-    text = " ".join(run_cmd(["pdftotext", str(Path(cfg["results_dir"]) / "report" / "report.pdf"), "-"]).stdout.split())
+    text = pdf_text(shared_study.report / "report.pdf")
     assert "every run of MQAR diverge diverged, so it has no quality result" in text  # abstract and table note
     assert "(not evaluated: every run diverged)" in text  # the setup table
     # The abstract names this study's architectures (not "ten alternatives").
-    assert "We train 2 sequence-mixing architectures (Softmax and Grassmann)" in text
+    assert "We train 3 sequence-mixing architectures (Softmax, Grassmann and My mixer)" in text
