@@ -46,9 +46,13 @@ def copy_workflow(dst: Path) -> Path:
 
 
 def tool_env(env: dict | None = None) -> dict[str, str]:
-    """This environment with this interpreter's folder first on PATH (the rules run `python`),
-    and ``env`` on top."""
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **(env or {})}
+    """This environment with ``env`` on top (a None value unsets the variable), and this
+    interpreter's folder on PATH unless PATH has it already (the rules run `python`)."""
+    merged = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    here = str(Path(sys.executable).parent)
+    if here not in merged["PATH"].split(os.pathsep):
+        merged["PATH"] = here + os.pathsep + merged["PATH"]
+    return merged
 
 
 def snakemake(src: Path, work: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -196,10 +200,22 @@ def scan_inputs(Bt: int, D: int, N: int, L: int, *, strong: bool = False, skip: 
 # ------------------------------------------------------------------------------------------
 
 
+HARNESS = REPO / "tests" / "harness"
+
+
+def harness_env(**extra: str) -> dict[str, str]:
+    """What makes the workflow's training jobs (`python -m seqmix train`, the rules call
+    `python` from PATH) run through tests/harness/train.py, which holds them at the events
+    ``extra`` names (its docstring); anything else runs in this interpreter as it is."""
+    path = os.pathsep.join([str(HARNESS), str(Path(sys.executable).parent), os.environ["PATH"]])
+    return {"PATH": path, "SEQMIX_TEST_PYTHON": sys.executable, **extra}
+
+
 def slot_env(tmp_path: Path, **extra) -> dict:
-    """This environment without any GPU setting, GPU slots kept under ``tmp_path``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("SEQMIX_GPUS", "CUDA_VISIBLE_DEVICES", "SEQMIX_GPU_SLOT")}
-    return {**env, "SEQMIX_SLOT_DIR": str(tmp_path / "slots"), **extra}
+    """For tool_env: no GPU setting of this environment's (None unsets it), GPU slots kept
+    under ``tmp_path``, and ``extra``."""
+    return {"SEQMIX_GPUS": None, "CUDA_VISIBLE_DEVICES": None, "SEQMIX_GPU_SLOT": None,
+            "SEQMIX_SLOT_DIR": str(tmp_path / "slots"), **extra}
 
 
 def flatten(tree, prefix: str = "") -> dict[str, object]:
