@@ -19,7 +19,7 @@ from seqmix.analysis.jacobian import effective_attention, effective_attention_re
 from seqmix.analysis.sparsity import FIELDS, model_sparsity, row_stats, su_sparsity
 from seqmix.models.lm import CausalLM, LMConfig
 
-from .conftest import TINY_OPTIONS
+from .conftest import TINY_OPTIONS, tiny_mixer
 
 D = 8
 
@@ -40,15 +40,6 @@ class FixedMix(nn.Module):
 
 def causal_average(L: int) -> torch.Tensor:
     return torch.ones(L, L, dtype=torch.float64).tril() / torch.arange(1, L + 1, dtype=torch.float64)[:, None]
-
-
-def tiny_mixer(name: str) -> mixers.Mixer:
-    torch.manual_seed(0)
-    cls = mixers.mixer_class(name)
-    m = mixers.build(name, D, causal=cls.supports_causal, max_len=12, **TINY_OPTIONS.get(name, {}))
-    return m.double().eval()
-
-
 
 
 @pytest.mark.parametrize("batched", [True, False])
@@ -87,7 +78,7 @@ def test_effective_attention_of_fixed_softmax_weights():
 
 @pytest.mark.parametrize("name", mixers.names())
 def test_batched_and_copies_equal_the_full_jacobian(name):
-    m = tiny_mixer(name)
+    m = tiny_mixer(name, max_len=12)
     x = torch.randn(1, 9, D, dtype=torch.float64)  # 9 > the chunk sizes above: crosses chunks
     ref = effective_attention_reference(m, x)
     torch.testing.assert_close(effective_attention(m, x, chunk=16), ref, atol=1e-10, rtol=0)
@@ -98,7 +89,7 @@ def test_batched_and_copies_equal_the_full_jacobian(name):
 
 
 def test_positions_subset():
-    m = tiny_mixer("softmax")
+    m = tiny_mixer("softmax", max_len=12)
     x = torch.randn(1, 10, D, dtype=torch.float64)
     full = effective_attention(m, x)
     part = effective_attention(m, x, positions=[3, 7, 9], chunk=5)
@@ -108,7 +99,7 @@ def test_positions_subset():
 
 def test_grassmann_effective_attention_lives_on_its_offsets():
     # y_t reads x_t and x_{t-Δ} for Δ in the offsets, nothing else: a sparse row by design.
-    m = tiny_mixer("grassmann")
+    m = tiny_mixer("grassmann", max_len=12)
     L = 10
     a = effective_attention(m, torch.randn(1, L, D, dtype=torch.float64))[0]
     support = torch.zeros(L, L, dtype=torch.bool)
@@ -121,7 +112,7 @@ def test_grassmann_effective_attention_lives_on_its_offsets():
 def test_softmax_jacobian_is_not_its_attention():
     # The calibration the CSV reports: even for softmax the two row sets differ, because the
     # scores depend on x_s too (the report's "Attention sparsity" section derives it).
-    m = tiny_mixer("softmax")
+    m = tiny_mixer("softmax", max_len=12)
     x = 3.0 * torch.randn(1, 10, D, dtype=torch.float64)
     a = effective_attention(m, x)[0]
     A = m.scores(x)[0].mean(0)  # head-averaged exp scores
