@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import NoReturn
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .helpers import REPO
+from .helpers import REPO, session_dir, shared_once
 
 # Without CUDA the Triton kernels run only under the interpreter, which triton reads when
 # its language module is imported: set it before any test imports triton (the cost counts
@@ -169,33 +170,60 @@ def prepare_all(study) -> None:
 @pytest.fixture(scope="session")
 def shared_study(tmp_path_factory, mirror):
     """The tiny study the DAG tests share (tests/study.py), built once for the session and
-    put through what they ask of it: one build for every pytest worker."""
+    put through what they ask of it: one build for every pytest worker, started as the
+    session starts (pytest_collection_modifyitems below)."""
     from .study import shared_study
 
-    return shared_study(tmp_path_factory, mirror)
+    return shared_study(session_dir(tmp_path_factory) / "shared-study", mirror)
 
 
-@pytest.fixture(scope="session")
-def prepared(tmp_path_factory, mirror) -> dict:
-    """Tiny config (a raw mapping) with every task's data prepared once for the session."""
+_BUILDING = []  # the process building the shared study, where this worker started it
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    # The shared study takes minutes: where a test of this session needs it, its build starts
+    # now, in a process of its own, and the other test files run first, beside it (a stable
+    # sort: the files that need it go last, in their order).
+    needing = {i.nodeid.split("::")[0] for i in items if "shared_study" in getattr(i, "fixturenames", ())}
+    items.sort(key=lambda i: i.nodeid.split("::")[0] in needing)
+    factory, mirror = getattr(config, "_tmp_path_factory", None), mirror_path()
+    if not needing or factory is None or mirror is None or config.option.collectonly:
+        return
+    from .study import start_building
+
+    if (proc := start_building(session_dir(factory) / "shared-study", mirror)) is not None:
+        _BUILDING.append(proc)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for proc in _BUILDING:  # a session cut short: its build goes with it
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def prepared_config(root: Path, mirror: Path | None) -> dict:
+    """The tiny config in ``root`` with every task's data prepared."""
     from seqmix.study.load import validate_study
 
-    root = tmp_path_factory.mktemp("seqmix")
     raw = tiny_config(root, mirror)
     prepare_all(validate_study(raw))
     return raw
 
 
 @pytest.fixture(scope="session")
+def prepared(tmp_path_factory, mirror) -> dict:
+    """Tiny config (a raw mapping) with every task's data prepared once for the session, for
+    every worker (a tokenizer trained and WikiText-2 and SNLI prepared: half a minute)."""
+    return shared_once(tmp_path_factory, "prepared", lambda root: prepared_config(root, mirror))
+
+
+@pytest.fixture(scope="session")
 def prepared_mqar(tmp_path_factory) -> dict:
     """The tiny config's MQAR task alone, prepared: synthetic, so it needs no mirror (tests
     of training mechanics use it and run everywhere)."""
-    from seqmix.study.load import validate_study
-
-    root = tmp_path_factory.mktemp("seqmix-mqar")
-    raw = tiny_config(root, None)
-    prepare_all(validate_study(raw))
-    return raw
+    return shared_once(tmp_path_factory, "prepared-mqar", lambda root: prepared_config(root, None))
 
 
 class OutputSizes(TorchDispatchMode):

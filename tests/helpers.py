@@ -5,6 +5,7 @@ runs, fast paths against their references forward and backward, and small harnes
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
 import json
 import os
@@ -193,6 +194,31 @@ def scan_inputs(Bt: int, D: int, N: int, L: int, *, strong: bool = False, skip: 
     named += [("D", Dskip)] if skip else []
     named += [("z", z)] if gate else []
     return [t.requires_grad_() for _, t in named], [n for n, _ in named]
+
+
+# ------------------------------------------------------------------------------------------
+# What the pytest workers of one session share.
+# ------------------------------------------------------------------------------------------
+
+
+def session_dir(tmp_path_factory) -> Path:
+    """The folder every worker of this test session sees (beside their own temporary folders;
+    this session's own without workers)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_once(tmp_path_factory, name: str, make: Callable[[Path], object]):
+    """``make(folder)`` (a JSON value) made once for the whole session, by the first worker that
+    asks, in ``folder``; the others wait for it on a lock and read what it returned."""
+    root = session_dir(tmp_path_factory) / name
+    record = root.with_suffix(".json")
+    with open(root.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps(make(root)))
+    return json.loads(record.read_text())
 
 
 # ------------------------------------------------------------------------------------------

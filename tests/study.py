@@ -275,22 +275,52 @@ def switch_studies(study: Study) -> None:
     seen["switch"] = steps
 
 
-def shared_study(tmp_path_factory, mirror: Path) -> Study:
-    """The study, built by the first worker that asks (the others wait for it): its folder is
-    beside the workers' own temporary folders, or this session's when there are no workers."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-study"
+def build_and_record(root: Path, mirror: Path) -> None:
+    """``build`` in ``root``, and what it recorded (or how it failed) in root.json, for the
+    workers to read."""
+    record = root.with_suffix(".json")
+    try:
+        study = build(root, mirror)
+        record.write_text(json.dumps({"seen": study.seen, "env": study.env}))
+    except BaseException:
+        record.write_text(json.dumps({"failed": traceback.format_exc()}))
+        raise
+
+
+def start_building(root: Path, mirror: Path) -> subprocess.Popen | None:
+    """The build in a process of its own, started now (as the session starts: the tests that
+    need the study wait only for what is left of it), if no worker has started it; it holds
+    the study's lock until it is done. None where another worker builds or built it."""
+    lock = open(root.with_suffix(".lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    with lock:
+        if root.with_suffix(".json").exists():
+            return None
+        with open(root.with_suffix(".log"), "w") as log:
+            # The child inherits the locked file: the lock is held until it exits.
+            return subprocess.Popen([sys.executable, "-m", "tests.study", str(root), str(mirror)], cwd=REPO,
+                                    stdout=log, stderr=subprocess.STDOUT, pass_fds=(lock.fileno(),),
+                                    start_new_session=True)
+
+
+def shared_study(root: Path, mirror: Path) -> Study:
+    """The study in ``root``: built by the process start_building started (waited for on its
+    lock), else here, now."""
     record = root.with_suffix(".json")
     with open(root.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not record.exists():
-            try:
-                study = build(root, mirror)
-                record.write_text(json.dumps({"seen": study.seen, "env": study.env}))
-            except BaseException:
-                record.write_text(json.dumps({"failed": traceback.format_exc()}))
-                raise
+            build_and_record(root, mirror)
     made = json.loads(record.read_text())
     if "failed" in made:
-        raise AssertionError(f"building the shared study failed (in another worker):\n{made['failed']}")
+        log = root.with_suffix(".log")
+        raise AssertionError(f"building the shared study failed ({log if log.exists() else 'here'}):\n{made['failed']}")
     return Study(root, root / "src", root / "work", study_config(mirror), made["env"], made["seen"])
+
+
+if __name__ == "__main__":  # python -m tests.study ROOT MIRROR: start_building's process
+    build_and_record(Path(sys.argv[1]), Path(sys.argv[2]))
