@@ -183,10 +183,13 @@ _BUILDING = []  # the process building the shared study, where this worker start
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     # The shared study takes minutes: where a test of this session needs it, its build starts
-    # now, in a process of its own, and the other test files run first, beside it (a stable
-    # sort: the files that need it go last, in their order).
-    needing = {i.nodeid.split("::")[0] for i in items if "shared_study" in getattr(i, "fixturenames", ())}
-    items.sort(key=lambda i: i.nodeid.split("::")[0] in needing)
+    # now, in a process of its own, and the other tests run first, beside it (a stable sort:
+    # the files that need it go last, and in them the tests that need it).
+    def needs(item) -> bool:
+        return "shared_study" in getattr(item, "fixturenames", ())
+
+    needing = {i.nodeid.split("::")[0] for i in items if needs(i)}
+    items.sort(key=lambda i: (i.nodeid.split("::")[0] in needing, needs(i)))
     factory, mirror = getattr(config, "_tmp_path_factory", None), mirror_path()
     if not needing or factory is None or mirror is None or config.option.collectonly:
         return

@@ -108,9 +108,9 @@ def study_config(mirror: Path) -> dict:
 
 
 def second_config() -> dict:
-    """Another study for the same working directory: MQAR only (no mirror), its own name,
-    results and data folders."""
-    cfg = tiny_config(Path("."), None)
+    """Another study for the same working directory: MQAR and softmax only (no mirror), its
+    own name, results and data folders."""
+    cfg = tiny_config(Path("."), None, archs=("softmax",))
     cfg.update(profile="study-b", results_dir="results-b")
     cfg["data"]["dir"] = "data-b"
     return cfg

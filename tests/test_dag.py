@@ -18,7 +18,7 @@ import yaml
 
 from .conftest import tiny_config
 from .helpers import REPO, pdf_text, planned_jobs, read_macros, snakemake, tool_env
-from .study import DIVERGE
+from .study import DATA, DIVERGE, INJECTED, RESULTS
 
 # The study's runs, counted by hand: MQAR three architectures, its diverging copy and
 # WikiText-2 and SNLI two each, the MQAR variant two architectures x two widths (one seed).
@@ -252,6 +252,29 @@ def test_a_committed_recording_reruns_the_notebooks_that_read_it_and_they_report
     assert where in seen["claims.tex"]
     assert seen["qRecorded"].startswith(escape("recorded study study-a/")) and "refused" not in seen["qRecorded"]
     assert seen["quality_recorded.pdf bytes"] > 5_000
+
+
+# -- faults in the real DAG (issue 15): paths with spaces, quotes and shell metacharacters; a
+# task whose every run diverges before its first evaluation (tests/study.py's config) --------
+
+
+def test_hostile_paths_run_the_dag_and_inject_nothing(shared_study):
+    assert '"' in RESULTS and "'" in RESULTS and "$(" in RESULTS and "`" in RESULTS and ";" in DATA and " " in DATA
+    assert not list(shared_study.root.rglob(f"{INJECTED}*")), "a path in the config ran as a shell command"
+    assert (shared_study.results / "runs" / "mqar" / "grassmann" / "seed0" / "eval.json").exists()
+    assert (shared_study.data / "mqar" / "manifest.json").exists()
+    assert (shared_study.report / "report.pdf").stat().st_size > 10_000
+
+
+def test_a_task_whose_every_run_diverged_is_reported_as_such(shared_study):
+    runs = runs_of(shared_study)
+    diverged = runs[runs.task == DIVERGE]
+    assert len(diverged) == 2 and (diverged.status == "diverged").all() and (diverged.diverged_at_step < 3).all()
+    text = pdf_text(shared_study.report / "report.pdf")
+    assert "every run of MQAR diverge diverged, so it has no quality result" in text  # abstract and table note
+    assert "(not evaluated: every run diverged)" in text  # the setup table
+    # The abstract names this study's architectures (not "ten alternatives").
+    assert "We train 3 sequence-mixing architectures (Softmax, Grassmann and My mixer)" in text
 
 
 def implied_runs(raw: dict) -> int:

@@ -1,7 +1,7 @@
 """Fault injection (issue 15): what a job does when it is killed, when a file it reads is
-missing, truncated or corrupted, when the disk is full or read-only, when two trainers
-share a run directory, when config paths hold shell metacharacters, and when every run of
-a task diverges. Each test names the guarantee it keeps.
+missing, truncated or corrupted, when the disk is full or read-only, and when two trainers
+share a run directory (config paths that hold shell metacharacters and a task whose every
+run diverges, through the real DAG: tests/test_dag.py). Each test names the guarantee it keeps.
 
 MQAR (synthetic) everywhere the mirror is not the point, so that the module runs without
 one. Kills happen at events, never at moments: one training process is SIGKILLed once it
@@ -978,8 +978,8 @@ def test_paths_the_workflow_cannot_use_are_refused_with_the_reason(tmp_path, key
 
 
 # ------------------------------------------------------------------------------------------
-# The real tiny DAG (the shared study, tests/study.py): paths with spaces, quotes and shell
-# metacharacters; a task whose every run diverges before its first evaluation.
+# The report's words for a task whose every run diverged (its run through the DAG, and paths
+# with shell metacharacters, are tests/test_dag.py's, on the shared study).
 # ------------------------------------------------------------------------------------------
 
 
@@ -994,27 +994,3 @@ def test_the_report_words_come_from_the_runs():
     assert unfinished_tasks(runs) == ["t2"]
     abstract = (REPO / "paper" / "sections" / "abstract.tex").read_text()
     assert "\\qArchitectures" in abstract and "\\qUnfinished" in abstract and "ten " not in abstract
-
-
-def test_hostile_paths_run_the_dag_and_inject_nothing(shared_study):
-    from .study import DATA, INJECTED, RESULTS
-
-    assert '"' in RESULTS and "'" in RESULTS and "$(" in RESULTS and "`" in RESULTS and ";" in DATA and " " in DATA
-    assert not list(shared_study.root.rglob(f"{INJECTED}*")), "a path in the config ran as a shell command"
-    assert (shared_study.results / "runs" / "mqar" / "grassmann" / "seed0" / "eval.json").exists()
-    assert (shared_study.data / "mqar" / "manifest.json").exists()
-    assert (shared_study.report / "report.pdf").stat().st_size > 10_000
-
-
-def test_a_task_whose_every_run_diverged_is_reported_as_such(shared_study):
-    from .helpers import pdf_text
-    from .study import DIVERGE
-
-    runs = list(csv.DictReader(open(shared_study.results / "summary" / "runs.csv")))
-    diverged = [r for r in runs if r["task"] == DIVERGE]
-    assert len(diverged) == 2 and all(r["status"] == "diverged" and int(r["diverged_at_step"]) < 3 for r in diverged)
-    text = pdf_text(shared_study.report / "report.pdf")
-    assert "every run of MQAR diverge diverged, so it has no quality result" in text  # abstract and table note
-    assert "(not evaluated: every run diverged)" in text  # the setup table
-    # The abstract names this study's architectures (not "ten alternatives").
-    assert "We train 3 sequence-mixing architectures (Softmax, Grassmann and My mixer)" in text
