@@ -108,9 +108,10 @@ def study_config(mirror: Path) -> dict:
 
 
 def second_config() -> dict:
-    """Another study for the same working directory: MQAR and softmax only (no mirror), its
-    own name, results and data folders."""
-    cfg = tiny_config(Path("."), None, archs=("softmax",))
+    """Another study for the same working directory: MQAR only (no mirror), its own name,
+    results and data folders (softmax and Grassmann: the report's text names Grassmann's
+    numbers)."""
+    cfg = tiny_config(Path("."), None)
     cfg.update(profile="study-b", results_dir="results-b")
     cfg["data"]["dir"] = "data-b"
     return cfg
