@@ -200,10 +200,10 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    for proc in _BUILDING:  # a session cut short: its build goes with it
-        if proc.poll() is None:
+    for proc in _BUILDING:
+        if proc.poll() is None:  # a session cut short: its build goes with it
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.wait()
 
 
 def prepared_config(root: Path, mirror: Path | None) -> dict:
