@@ -137,10 +137,10 @@ gpu-data: install
 # so that a file's module fixtures (a DAG run to its PDF) are made once.
 TEST_WORKERS ?= 2
 test: install latex
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 test-all: install latex
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile -m ""
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 -m ""
 
 lint: install
 	ruff check src kernels tests notebooks tools

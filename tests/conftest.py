@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import NoReturn
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-REPO = Path(__file__).resolve().parents[1]
+from .helpers import REPO, session_dir, shared_once
 
 # Without CUDA the Triton kernels run only under the interpreter, which triton reads when
 # its language module is imported: set it before any test imports triton (the cost counts
@@ -19,17 +20,42 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-# Set by CI (.ci/run): there a missing mirror is a failure, not a reason to skip the tests
-# of the data layer and of WikiText-2 / SNLI training.
+# What CI must test, by the variable .ci/run sets to 1 for it: where one of these is missing,
+# a test that needs it skips on a developer's machine and fails in CI (skip_or_fail), so that
+# CI is never green without having tested it. tests/test_repository.py holds .ci/run to this
+# list and every skip in tests/ to skip_or_fail with one of these.
+REQUIREMENTS = {
+    "SEQMIX_REQUIRE_MIRROR": "the data layer",
+    "SEQMIX_REQUIRE_SLURM": "the cluster path",
+    "SEQMIX_REQUIRE_CPU_EXTENSION": "Mamba's fused CPU scan",
+    "SEQMIX_REQUIRE_NAMESPACE": "a real full disk",
+    "SEQMIX_REQUIRE_TRITON": "the Triton kernels",
+    "SEQMIX_REQUIRE_MALLOPT": "glibc's malloc settings",
+    "SEQMIX_REQUIRE_COMPILER": "portable numerics' oneMKL shim, built with a C compiler",
+}
 REQUIRE_MIRROR_ENV = "SEQMIX_REQUIRE_MIRROR"
+REQUIRE_TRITON_ENV = "SEQMIX_REQUIRE_TRITON"
 
 
-def skip_or_fail(msg: str, require_env: str, what: str) -> NoReturn:
+def skip_or_fail(msg: str, require_env: str, what: str | None = None) -> NoReturn:
     """Skip with ``msg`` on a developer's machine; fail where ``$require_env`` is 1 (CI sets
-    it), where skipping would leave CI green without having tested ``what``."""
+    it), where skipping would leave CI green without having tested ``what`` (by default what
+    REQUIREMENTS says the variable stands for)."""
+    what = what or REQUIREMENTS[require_env]
     if os.environ.get(require_env) == "1":
         pytest.fail(f"{msg} ({require_env}=1: this run must test {what})", pytrace=False)
-    pytest.skip(msg)
+    pytest.skip(msg, allow_module_level=True)
+
+
+def require_triton():
+    """The triton module, for a test module's top level: skipped without it on a developer's
+    machine, failed in CI ($SEQMIX_REQUIRE_TRITON=1)."""
+    try:
+        import triton
+    except ImportError as e:
+        skip_or_fail(f"triton cannot be imported here ({e}): the kernel tests need it (requirements.txt pins it)",
+                     REQUIRE_TRITON_ENV)
+    return triton
 
 
 def mirror_path() -> Path | None:
@@ -40,17 +66,22 @@ def mirror_path() -> Path | None:
     return candidate.resolve() if (candidate / "wikitext-2-raw").is_dir() else None
 
 
+def require_mirror() -> Path:
+    """The data mirror; without one, skip_or_fail (SEQMIX_REQUIRE_MIRROR)."""
+    path = mirror_path()
+    if path is None:
+        where = os.environ.get("SEQMIX_DATA_MIRROR") or REPO.parent / "shared" / "data"
+        skip_or_fail(f"no data mirror at {where}: set SEQMIX_DATA_MIRROR to a directory with the mirror layout "
+                     "(README: The data mirror)", REQUIRE_MIRROR_ENV)
+    return path
+
+
 @pytest.fixture(scope="session")
 def mirror() -> Path:
     """The data mirror. Tests that need it skip without one on a developer's machine, and
     fail in CI ($SEQMIX_REQUIRE_MIRROR=1), where skipping them would leave CI green
     without having tested the data layer."""
-    path = mirror_path()
-    if path is None:
-        where = os.environ.get("SEQMIX_DATA_MIRROR") or REPO.parent / "shared" / "data"
-        skip_or_fail(f"no data mirror at {where}: set SEQMIX_DATA_MIRROR to a directory with the mirror layout (README: The data mirror)",
-                     REQUIRE_MIRROR_ENV, "the data layer")
-    return path
+    return require_mirror()
 
 
 # Every mixer's small options for tests: fp64 property checks and full Jacobians stay fast
@@ -74,6 +105,19 @@ TINY_OPTIONS: dict[str, dict] = {
     "mamba": {"d_state": 4, "chunk_size": 4},
     "tssa": {"n_heads": 2},
 }
+
+
+def tiny_mixer(name: str, causal: bool | None = None, max_len: int = 16, dtype: torch.dtype = torch.float64,
+               d_model: int = 8, **overrides):
+    """Mixer ``name`` with its TINY_OPTIONS (and ``overrides``), seeded, in ``dtype``, in eval
+    mode; causal where it has a causal form unless ``causal`` says otherwise."""
+    from seqmix import mixers
+
+    if causal is None:
+        causal = mixers.mixer_class(name).supports_causal
+    torch.manual_seed(0)
+    m = mixers.build(name, d_model, causal=causal, max_len=max_len, **{**TINY_OPTIONS.get(name, {}), **overrides})
+    return m.to(dtype).eval()
 
 
 def tiny_config(root: Path, mirror: Path | None, archs=("softmax", "grassmann"), seeds=(0,)) -> dict:
@@ -126,26 +170,65 @@ def prepare_all(study) -> None:
 
 
 @pytest.fixture(scope="session")
-def prepared(tmp_path_factory, mirror) -> dict:
-    """Tiny config (a raw mapping) with every task's data prepared once for the session."""
+def shared_study(tmp_path_factory, mirror):
+    """The tiny study the DAG tests share (tests/study.py), built once for the session and
+    put through what they ask of it: one build for every pytest worker, started as the
+    session starts (pytest_collection_modifyitems below)."""
+    from .study import shared_study
+
+    return shared_study(session_dir(tmp_path_factory) / "shared-study", mirror)
+
+
+_BUILDING = []  # the process building the shared study, where this worker started it
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    # The shared study takes minutes: where a test of this session needs it, its build starts
+    # now, in a process of its own, and the other tests run first, beside it (a stable sort:
+    # the files that need it go last, and in them the tests that need it).
+    def needs(item) -> bool:
+        return "shared_study" in getattr(item, "fixturenames", ())
+
+    needing = {i.nodeid.split("::")[0] for i in items if needs(i)}
+    items.sort(key=lambda i: (i.nodeid.split("::")[0] in needing, needs(i)))
+    factory, mirror = getattr(config, "_tmp_path_factory", None), mirror_path()
+    if not needing or factory is None or mirror is None or config.option.collectonly:
+        return
+    from .study import start_building
+
+    if (proc := start_building(session_dir(factory) / "shared-study", mirror)) is not None:
+        _BUILDING.append(proc)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for proc in _BUILDING:
+        if proc.poll() is None:  # a session cut short: its build goes with it
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def prepared_config(root: Path, mirror: Path | None) -> dict:
+    """The tiny config in ``root`` with every task's data prepared."""
     from seqmix.study.load import validate_study
 
-    root = tmp_path_factory.mktemp("seqmix")
     raw = tiny_config(root, mirror)
     prepare_all(validate_study(raw))
     return raw
 
 
 @pytest.fixture(scope="session")
+def prepared(tmp_path_factory, mirror) -> dict:
+    """Tiny config (a raw mapping) with every task's data prepared once for the session, for
+    every worker (a tokenizer trained and WikiText-2 and SNLI prepared: half a minute)."""
+    return shared_once(tmp_path_factory, "prepared", lambda root: prepared_config(root, mirror))
+
+
+@pytest.fixture(scope="session")
 def prepared_mqar(tmp_path_factory) -> dict:
     """The tiny config's MQAR task alone, prepared: synthetic, so it needs no mirror (tests
     of training mechanics use it and run everywhere)."""
-    from seqmix.study.load import validate_study
-
-    root = tmp_path_factory.mktemp("seqmix-mqar")
-    raw = tiny_config(root, None)
-    prepare_all(validate_study(raw))
-    return raw
+    return shared_once(tmp_path_factory, "prepared-mqar", lambda root: prepared_config(root, None))
 
 
 class OutputSizes(TorchDispatchMode):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
+from .conftest import skip_or_fail
 
 PROBE = textwrap.dedent("""
     import resource, sys, torch
@@ -35,13 +35,10 @@ def probe(env_extra: dict) -> tuple[bool, int]:
     return bool(int(out[0])), int(out[1])
 
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc only")
-
-
 def test_kept_memory_stops_the_page_faults_the_defaults_pay_every_time():
     took, kept = probe({"SEQMIX_SYSTEM_MALLOC": "0"})
     if not took:
-        pytest.skip("this C library has no mallopt")
+        skip_or_fail("this C library has no mallopt (glibc's malloc only)", "SEQMIX_REQUIRE_MALLOPT")
     declined, default = probe({"SEQMIX_SYSTEM_MALLOC": "1"})
     assert not declined
     assert default > PAGES // 2, f"the control did not fault ({default} faults): the probe measures nothing"

@@ -110,7 +110,7 @@ TINY = {"softmax": {"n_heads": 2}, "grassmann": {"rank": 4, "offsets": [1, 2]}}
 
 
 def test_tiny_real_measurement():
-    cfg = ComplexitySettings(lengths=[16, 8, 32], d_model=8, batch_size=1, repeats=2, warmup=1, max_seconds=60.0)
+    cfg = ComplexitySettings(lengths=[16, 8, 32], d_model=8, batch_size=1, repeats=2, warmup=1, max_seconds=1e9)
     rows = cx.run_complexity(["softmax", "grassmann"], cfg, torch.device("cpu"), TINY, progress=False)
     assert len(rows) == 2 * 3 * 2 and all(r["status"] == "ok" for r in rows)
     assert [r["seq_len"] for r in rows[:6]] == [8, 8, 16, 16, 32, 32]  # ascending
@@ -141,7 +141,7 @@ def test_time_cap_stops_timing_but_not_counting(monkeypatch):
         return real(mixer, L, *a, **k)
 
     monkeypatch.setattr(cx, "count_mixer", flaky)
-    cfg = cfg.model_copy(update={"max_seconds": 60.0})
+    cfg = cfg.model_copy(update={"max_seconds": 1e9})  # no cap: the OOM decides
     rows = cx.run_complexity(["softmax"], cfg, torch.device("cpu"), TINY, progress=False)
     assert [(r["seq_len"], r["status"]) for r in rows] == [(8, "ok"), (16, "oom")]
 
@@ -158,7 +158,7 @@ def test_a_timing_out_of_memory_leaves_the_counts(monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(cx, "time_mixer", oom)
-    cfg = ComplexitySettings(lengths=[8, 16], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=60.0)
+    cfg = ComplexitySettings(lengths=[8, 16], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=1e9)
     rows = cx.run_complexity(["softmax"], cfg, torch.device("cpu"), TINY, progress=False)
     assert [(r["seq_len"], r["status"]) for r in rows] == [(8, "counted"), (16, "counted")]
 
@@ -191,7 +191,7 @@ def test_the_csvs_have_exactly_their_row_types_columns(tmp_path):
 
     from seqmix.io import columns
 
-    cfg = ComplexitySettings(lengths=[8, 16, 32], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=60.0)
+    cfg = ComplexitySettings(lengths=[8, 16, 32], d_model=8, batch_size=1, repeats=1, warmup=0, max_seconds=1e9)
     paths = {t: tmp_path / f"{t.__name__}.csv" for t in (cx.ComplexityRow, cx.FitRow, cx.GrowthRow)}
     cx.write_complexity(["softmax"], cfg, TINY, *paths.values(), device="cpu", progress=False)
     for row_type, path in paths.items():

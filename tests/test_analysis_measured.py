@@ -19,7 +19,7 @@ from seqmix.analysis.jacobian import effective_attention, effective_attention_re
 from seqmix.analysis.sparsity import FIELDS, model_sparsity, row_stats, su_sparsity
 from seqmix.models.lm import CausalLM, LMConfig
 
-from .conftest import TINY_OPTIONS
+from .conftest import TINY_OPTIONS, tiny_mixer
 
 D = 8
 
@@ -40,15 +40,6 @@ class FixedMix(nn.Module):
 
 def causal_average(L: int) -> torch.Tensor:
     return torch.ones(L, L, dtype=torch.float64).tril() / torch.arange(1, L + 1, dtype=torch.float64)[:, None]
-
-
-def tiny_mixer(name: str) -> mixers.Mixer:
-    torch.manual_seed(0)
-    cls = mixers.mixer_class(name)
-    m = mixers.build(name, D, causal=cls.supports_causal, max_len=12, **TINY_OPTIONS.get(name, {}))
-    return m.double().eval()
-
-
 
 
 @pytest.mark.parametrize("batched", [True, False])
@@ -87,7 +78,7 @@ def test_effective_attention_of_fixed_softmax_weights():
 
 @pytest.mark.parametrize("name", mixers.names())
 def test_batched_and_copies_equal_the_full_jacobian(name):
-    m = tiny_mixer(name)
+    m = tiny_mixer(name, max_len=12)
     x = torch.randn(1, 9, D, dtype=torch.float64)  # 9 > the chunk sizes above: crosses chunks
     ref = effective_attention_reference(m, x)
     torch.testing.assert_close(effective_attention(m, x, chunk=16), ref, atol=1e-10, rtol=0)
@@ -98,7 +89,7 @@ def test_batched_and_copies_equal_the_full_jacobian(name):
 
 
 def test_positions_subset():
-    m = tiny_mixer("softmax")
+    m = tiny_mixer("softmax", max_len=12)
     x = torch.randn(1, 10, D, dtype=torch.float64)
     full = effective_attention(m, x)
     part = effective_attention(m, x, positions=[3, 7, 9], chunk=5)
@@ -108,7 +99,7 @@ def test_positions_subset():
 
 def test_grassmann_effective_attention_lives_on_its_offsets():
     # y_t reads x_t and x_{t-Δ} for Δ in the offsets, nothing else: a sparse row by design.
-    m = tiny_mixer("grassmann")
+    m = tiny_mixer("grassmann", max_len=12)
     L = 10
     a = effective_attention(m, torch.randn(1, L, D, dtype=torch.float64))[0]
     support = torch.zeros(L, L, dtype=torch.bool)
@@ -121,7 +112,7 @@ def test_grassmann_effective_attention_lives_on_its_offsets():
 def test_softmax_jacobian_is_not_its_attention():
     # The calibration the CSV reports: even for softmax the two row sets differ, because the
     # scores depend on x_s too (the report's "Attention sparsity" section derives it).
-    m = tiny_mixer("softmax")
+    m = tiny_mixer("softmax", max_len=12)
     x = 3.0 * torch.randn(1, 10, D, dtype=torch.float64)
     a = effective_attention(m, x)[0]
     A = m.scores(x)[0].mean(0)  # head-averaged exp scores
@@ -129,11 +120,29 @@ def test_softmax_jacobian_is_not_its_attention():
     assert (a_rows - A_rows).abs().max() > 1e-2
 
 
+def mixer_inputs(model, *args) -> list[torch.Tensor]:
+    """What each block's mixer reads when ``model(*args)`` runs (hooks of this test's own)."""
+    seen = []
+    hooks = [b.mixer.register_forward_pre_hook(lambda _m, a: seen.append(a[0].detach())) for b in model.blocks]
+    with torch.no_grad():
+        model(*args)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def mean_row_S(a: torch.Tensor, first: int, causal: bool = True) -> float:
+    """Su's S = mean(a) / sqrt(mean(a²)) of each row t ≥ ``first`` of (B, L, L) weights, over
+    its visible keys (s ≤ t when causal), averaged over the rows: written out, one row at a time."""
+    S = [a[b, t, : t + 1 if causal else None] for b in range(a.shape[0]) for t in range(first, a.shape[1])]
+    return torch.stack([r.mean() / r.pow(2).mean().sqrt() for r in S]).mean().item()
+
+
 @pytest.mark.parametrize("name", ["softmax", "grassmann"])
 def test_model_sparsity_rows(name):
     torch.manual_seed(0)
     model = CausalLM(LMConfig(arch=name, vocab_size=50, max_len=12, d_model=8, n_layers=2,
-                              mixer_options=TINY_OPTIONS.get(name, {})))
+                              mixer_options=TINY_OPTIONS.get(name, {}))).double()
     seqs = torch.randint(0, 50, (3, 12))
     rows = model_sparsity(model, seqs, min_row_len=4, jacobian_sequences=2, chunk=32)
     assert all(set(r) <= set(FIELDS) for r in rows)
@@ -141,9 +150,21 @@ def test_model_sparsity_rows(name):
     att = [r for r in rows if r["kind"] == "attention"]
     assert [r["layer"] for r in jac] == [0, 1] and all(r["head"] == -1 for r in jac)
     assert all(r["rows"] == 2 * (12 - 4 + 1) and r["sequences"] == 2 for r in jac)
-    assert all(0 < r["S_mean"] <= 1 for r in rows)
+    # Each layer's S is its own mixer's, on what that mixer read: from the full Jacobian
+    # (jacobian rows), from the attention probabilities (attention rows), rows t ≥ 3.
+    h = mixer_inputs(model, seqs)
+    for r in jac:
+        mixer = model.blocks[r["layer"]].mixer
+        assert r["S_mean"] == pytest.approx(mean_row_S(effective_attention_reference(mixer, h[r["layer"]][:2]), 3),
+                                            abs=1e-10), r
     if mixers.mixer_class(name).has_scores:
         assert len(att) == 2 * TINY_OPTIONS[name]["n_heads"] and all(r["rows"] == 3 * 9 for r in att)
+        for r in att:
+            mixer = model.blocks[r["layer"]].mixer
+            q, k, _ = mixer._heads(h[r["layer"]])
+            logits = (q @ k.transpose(-1, -2) / math.sqrt(mixer.d_head))[:, r["head"]]
+            probs = torch.softmax(logits.masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), -math.inf), -1)
+            assert r["S_mean"] == pytest.approx(mean_row_S(probs, 3), abs=1e-10), r
     else:
         assert att == []
 
@@ -170,7 +191,7 @@ def test_model_sparsity_reads_a_noncausal_pair_classifier():
 
     torch.manual_seed(0)
     model = PairClassifier(ClassifierConfig(arch="linformer", vocab_size=50, max_len=10, d_model=8, n_layers=2,
-                                            mixer_options=TINY_OPTIONS["linformer"]))
+                                            mixer_options=TINY_OPTIONS["linformer"])).double()
     ids = torch.randint(0, 50, (3, 10))
     seg = (torch.arange(10) >= 6).long().expand(3, 10)
     rows = model_sparsity(model, (ids, seg, torch.ones_like(ids, dtype=torch.bool)), min_row_len=4,
@@ -178,7 +199,11 @@ def test_model_sparsity_reads_a_noncausal_pair_classifier():
     jac = [r for r in rows if r["kind"] == "jacobian"]
     assert [r["layer"] for r in jac] == [0, 1]
     assert all(r["rows"] == 2 * 10 and r["row_len_mean"] == 10 and r["seq_len"] == 10 for r in jac)
-    assert all(1 / math.sqrt(10) <= r["S_mean"] <= 1 for r in jac)
+    # Every row whole (non-causal), on what each layer's mixer read inside the classifier.
+    h = mixer_inputs(model, ids, seg, torch.ones_like(ids, dtype=torch.bool))
+    for r in jac:
+        a = effective_attention_reference(model.blocks[r["layer"]].mixer, h[r["layer"]][:2])
+        assert r["S_mean"] == pytest.approx(mean_row_S(a, 0, causal=False), abs=1e-10), r
 
 
 def test_sparsity_measures_every_architecture_of_the_quick_config():

@@ -4,13 +4,14 @@ or the interpreter, and nothing of that leaks into what runs afterwards."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from seqmix import measure
 from seqmix.mixers import build, dispatch
 
-pytest.importorskip("triton")
+from .conftest import require_triton
+
+require_triton()
 
 
 def _counted_step(mixer, x):

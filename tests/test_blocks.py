@@ -5,7 +5,6 @@ architecture, forced for all, or per architecture, and recorded in each run's sp
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -333,11 +332,24 @@ def test_blocks_in_the_catalogue_are_the_blocks_built():
         build_blocks("softmax", 8, 1, {}, d_ff_mult=1, dropout=0, block="native", causal=True, max_len=4)
 
 
-def test_dropout_acts_only_in_training():
-    block = Block("tssa", 8, {"n_heads": 2}, d_ff=16, dropout=0.5, block="pre_layerscale", max_len=6)
-    x = torch.randn(1, 6, 8)
-    b2 = copy.deepcopy(block).eval()
-    torch.testing.assert_close(block.eval()(x), b2(x))
+@pytest.mark.parametrize("block", ["post", "pre", "pre_layerscale"])
+def test_dropout_acts_only_in_training(block):
+    """The block's dropout (on each branch's output): in eval the block is its weights without
+    dropout, bit for bit; in training it draws masks, fresh on every call, and nothing else in
+    the block differs from eval (with its p set to 0, training is eval)."""
+    arch = "tssa" if block == "pre_layerscale" else "softmax"
+    noisy = _randomise(Block(arch, 8, {"n_heads": 2}, d_ff=16, dropout=0.5, block=block, max_len=6))
+    clean = Block(arch, 8, {"n_heads": 2}, d_ff=16, dropout=0.0, block=block, max_len=6)
+    clean.load_state_dict(noisy.state_dict())  # _randomise: LayerScale's γ is O(1), not 1e-5
+    x = torch.randn(2, 6, 8)
+    assert torch.equal(noisy.eval()(x), clean.eval()(x))
+    noisy.train()
+    torch.manual_seed(0)
+    first, second = noisy(x), noisy(x)
+    assert not torch.allclose(first, clean(x)), "training drew no dropout mask"
+    assert not torch.allclose(first, second), "the same mask twice"
+    noisy.drop.p = 0.0
+    assert torch.equal(noisy(x), clean.train()(x))
 
 
 def test_the_docs_table_of_blocks_is_the_catalogues():

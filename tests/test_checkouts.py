@@ -1,6 +1,7 @@
 """Any checkout runs its own code: two copies of the repository side by side, nothing of
 theirs installed (the venv's editable install is of another checkout, the hard case), each
-parses its DAG and trains a run from its own src/ and kernels/."""
+parses its DAG and trains a run from its own src/ and kernels/: a softmax run in one, a
+Mamba run in the other, whose fused CPU scan is built from that checkout's C++ source."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from .conftest import tiny_config
-from .test_dag import copy_workflow, planned_jobs, snakemake
+from .helpers import copy_workflow, planned_jobs, snakemake
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +46,25 @@ def test_each_checkout_imports_its_own_seqmix_and_kernels(checkouts):
         assert mark == ("b" if name == "b" else None)
 
 
-def test_each_checkout_parses_its_dag_and_trains_with_its_own_kernels(checkouts):
+def test_each_checkout_parses_its_dag_and_trains_with_its_own_kernels(checkouts, tmp_path):
+    # Mamba in b (the checkout whose kernels differ), built into a folder of this test's own:
+    # one compile, and the user's cache of the extension is left to the checkout it serves.
+    arch = {"a": "softmax", "b": "mamba"}
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")}
     for name, copy in checkouts.items():
         tiny = yaml.safe_load((copy / "tiny.yaml").read_text())
         dry = planned_jobs(snakemake(copy, copy, "-n", "--configfile", str(copy / "tiny.yaml")))
         assert dry["train"] == 2, (name, dry)
-        # A training job as the DAG runs it; Mamba's fused CPU scan is one of the kernels.
-        run = Path(tiny["results_dir"]) / "runs" / "mqar" / "mamba" / "seed0"
-        snakemake(copy, copy, str(run / "metrics.json"), "--configfile", str(copy / "tiny.yaml"))
+        # A training job as the DAG runs it.
+        run = Path(tiny["results_dir"]) / "runs" / "mqar" / arch[name] / "seed0"
+        snakemake(copy, copy, str(run / "metrics.json"), "--configfile", str(copy / "tiny.yaml"), env=env)
         provenance = json.loads((run / "provenance.json").read_text())
         code = provenance["code"]
         assert {k: code[k] for k in ("seqmix", "kernels")} == {"seqmix": str(copy / "src" / "seqmix"),
                                                                "kernels": str(copy / "kernels")}, (name, code)
         # The sources it recorded are that checkout's, named within it (seqmix.sources).
-        assert "kernels/selective_scan_cpu.cpp" in code["sources"] and "src/seqmix/mixers/mamba.py" in code["sources"]
-        assert provenance["implementation"]["paths"].get("mamba") == "fused_cpu", provenance["implementation"]
+        assert f"src/seqmix/mixers/{arch[name]}.py" in code["sources"]
+        if arch[name] == "mamba":  # the fused CPU scan, from this checkout's C++ source
+            assert "kernels/selective_scan_cpu.cpp" in code["sources"]
+            assert provenance["implementation"]["paths"].get("mamba") == "fused_cpu", provenance["implementation"]
+    assert list((tmp_path / "torch_extensions").rglob("*.so")), "the scan was not built for checkout b"

@@ -497,6 +497,19 @@ def test_a_complexity_claim_without_a_fitted_exponent_is_not_testable(tmp_path):
     assert evaluate(tmp_path, [lin], complexity_fit=fits).loc["lin"].verdict == "agrees"  # at the bound
 
 
+def test_a_complexity_claim_measured_short_of_its_min_length_is_not_testable(tmp_path):
+    # requires.min_length: the fit must reach that length; at it the exponent is judged, one
+    # short of it the claim is not testable, and says how far the measurement went.
+    lin = claim("lin", "complexity_exponent", arch="linear", measures=["fwdbwd_ms"], unit="exponent",
+                agree_if={"min": 0.8, "max": 1.3}, requires={"min_length": 64})
+    fits = pd.DataFrame([dict(arch="linear", device="cpu", measure="fwdbwd_ms", min_len=16, max_len=64, points=3,
+                              slope=1.0, ci_low=1.0, ci_high=1.0)])
+    assert evaluate(tmp_path, [lin], complexity_fit=fits).loc["lin"].verdict == "agrees"  # at min_length
+    fits.loc[0, "max_len"] = 63
+    row = evaluate(tmp_path, [lin], complexity_fit=fits).loc["lin"]
+    assert row.verdict == "not testable" and row.why == "linear measured only up to L = 63"
+
+
 # --- final_gain: how much a run was still improving when its budget ran out -------------------
 
 

@@ -1,7 +1,7 @@
-"""The Snakemake DAG end to end on a tiny config in a temporary directory: it produces a
-PDF from this run's results; asking for one figure reruns only its notebook; editing one
-task reruns that task's jobs and what reads them, nothing else; parsing the DAG imports no
-torch; a bad config fails before any job runs."""
+"""The Snakemake DAG end to end on the tiny study (tests/study.py) in a temporary directory:
+it produces a PDF from this run's results; asking for one figure reruns only its notebook;
+editing one task reruns that task's jobs and what reads them, nothing else; parsing the DAG
+imports no torch; a bad config fails before any job runs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,109 +17,67 @@ import pandas as pd
 import pytest
 import yaml
 
-from .conftest import REPO, tiny_config
+from .conftest import tiny_config
+from .helpers import (
+    REPO,
+    copy_workflow,
+    pdf_text,
+    planned_jobs,
+    planned_wildcards,
+    read_macros,
+    snakemake,
+    tool_env,
+)
+from .study import DATA, DIVERGE, INJECTED, RESULTS
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-
-
-def copy_workflow(dst: Path) -> Path:
-    """The workflow sources (not results) in a scratch copy, so tests can touch them."""
-    dst.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("Snakefile", "workflow", "notebooks", "src", "kernels", "config", "envs", "requirements.txt"):
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dst / name, ignore=ignore)
-        else:
-            shutil.copy2(src, dst / name)
-    (dst / "paper").mkdir()
-    shutil.copy2(REPO / "paper" / "report.tex", dst / "paper" / "report.tex")
-    shutil.copytree(REPO / "paper" / "sections", dst / "paper" / "sections")
-    for extra in (REPO / "paper").glob("*.yaml"):
-        shutil.copy2(extra, dst / "paper" / extra.name)
-    return dst
+# The study's runs, counted by hand: MQAR three architectures, its diverging copy and
+# WikiText-2 and SNLI two each, the MQAR variant two architectures x two widths (one seed).
+STUDY_RUNS = 3 + 2 + 2 + 2 + 2 * 2
 
 
-def snakemake(src: Path, work: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {})}
-    cmd = [*SNAKEMAKE, "--snakefile", str(src / "Snakefile"), "--directory", str(work),
-           "--cores", "2", "--rerun-incomplete", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    return proc
+def runs_of(study) -> pd.DataFrame:
+    return pd.read_csv(study.results / "summary" / "runs.csv")
 
 
-def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    """The job-count table of a dry run: {rule: count}."""
-    out = proc.stdout + proc.stderr
-    table = out.split("Job stats:")[-1] if "Job stats:" in out else ""
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+def finished(study) -> pd.DataFrame:
+    runs = runs_of(study)
+    return runs[runs.task != DIVERGE]
 
 
-@pytest.fixture(scope="module")
-def full_run(tmp_path_factory, mirror):
-    root = tmp_path_factory.mktemp("dag")
-    src = copy_workflow(root / "src")
-    work = root / "work"
-    work.mkdir()
-    cfg = tiny_config(work, mirror)
-    cfg["results_dir"], cfg["data"]["dir"] = "results", "data"
-    (work / "tiny.yaml").write_text(yaml.safe_dump(cfg))
-    snakemake(src, work, "--configfile", str(work / "tiny.yaml"))
-    return src, work
-
-
-def read_macros(path: Path) -> dict[str, str]:
-    """{command name: body} of a generated macros file."""
-    return dict(re.findall(r"^\\newcommand\{\\(\w+)\}\{(.*)\}$", path.read_text(), re.M))
-
-
-def run_results(work: Path, row) -> tuple[dict, dict]:
+def run_results(study, row) -> tuple[dict, dict]:
     """metrics.json and eval.json of a runs.csv row's run directory."""
-    run = work / row.run_dir
+    run = study.work / row.run_dir
     return json.loads((run / "metrics.json").read_text()), json.loads((run / "eval.json").read_text())
 
 
-def test_the_dag_builds_a_report_from_this_runs_results(full_run):
-    src, work = full_run
-    pdf = work / "results" / "report" / "report.pdf"  # the study's own
+def notebook_outputs() -> dict:
+    return yaml.safe_load((REPO / "notebooks" / "outputs.yaml").read_text())
+
+
+def test_the_dag_builds_a_report_from_this_runs_results(shared_study):
+    pdf = shared_study.report / "report.pdf"  # the study's own
     assert pdf.exists() and pdf.stat().st_size > 10_000
-    assert (work / "paper" / "report.pdf").read_bytes() == pdf.read_bytes()  # and its copy
-    text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True).stdout
-    runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
-    assert len(runs_csv) == 3 * 2  # 3 tasks x 2 archs x 1 seed
+    assert (shared_study.work / "paper" / "report.pdf").read_bytes() == pdf.read_bytes()  # and its copy
+    text = pdf_text(pdf)
+    runs = runs_of(shared_study)
+    assert len(runs) == STUDY_RUNS
     # The quality table prints this run's parameter counts.
-    assert all(f"{p:,}" in text for p in runs_csv.params)
-    assert "undefined" not in (work / "results" / "report" / "report.log").read_text(errors="replace").lower()
+    assert all(f"{p:,}" in text for p in finished(shared_study).params)
+    assert "undefined" not in (shared_study.report / "report.log").read_text(errors="replace").lower()
     # Generated LaTeX spells math symbols as LaTeX, not as Unicode pdflatex cannot set.
     from seqmix.report.latex import UNICODE
 
-    tables = sorted((work / "results" / "report" / "tables").glob("*.tex"))
+    tables = sorted((shared_study.report / "tables").glob("*.tex"))
     assert len(tables) == sum(len(nb["tables"]) for nb in notebook_outputs().values())
     for tex in tables:
         assert not set(tex.read_text()) & set(UNICODE), tex
 
 
-def test_the_report_draws_no_empty_figure_and_says_why_in_a_sentence(full_run):
-    # This tiny study has no recorded study beside it and no task swept over width: the PDF
-    # draws neither figure (their placeholder text is absent), and says why in one sentence each.
-    _, work = full_run
-    pdf = work / "results" / "report" / "report.pdf"
-    text = " ".join(subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True).stdout.split())
-    assert "no recorded study accepted" not in text and "no width sweep in this profile" not in text
-    assert "No study recorded on another machine is drawn beside these curves" in text
-    assert "recorded with python -m seqmix record" in text
-    assert "This study sweeps no recall (MQAR) task over model width, so it draws no recall figure" in text
-
-
-def test_runs_csv_holds_each_runs_own_evaluation(full_run):
+def test_runs_csv_holds_each_runs_own_evaluation(shared_study):
     # Every row against its run directory: the eval columns from the eval split, the test
     # columns from the test split, never the other way round, never a stale number.
-    _, work = full_run
-    runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
-    for row in runs_csv.itertuples():
-        metrics, ev = run_results(work, row)
+    for row in finished(shared_study).itertuples():
+        metrics, ev = run_results(shared_study, row)
         assert (row.task, row.arch, row.seed, row.status) == (metrics["task"], metrics["arch"], metrics["seed"], "ok")
         assert (row.eval_split, row.test_split) == ("validation", "test")
         for prefix, split in (("eval", "validation"), ("test", "test")):
@@ -131,30 +88,27 @@ def test_runs_csv_holds_each_runs_own_evaluation(full_run):
         assert row.params == metrics["params"] and row.steps_completed == metrics["steps_completed"] == 6
 
 
-def test_the_reports_numbers_are_the_runs_numbers(full_run):
+def test_the_reports_numbers_are_the_runs_numbers(shared_study):
     # The quality macros hold each run's test metric as eval.json has it (one seed: no
     # interval), formatted as the report prints it: perplexity to 0.1, accuracy to 0.001.
     from seqmix.report.latex import macro_name
 
-    _, work = full_run
-    macros = read_macros(work / "results" / "report" / "tables" / "quality-macros.tex")
-    runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
-    for row in runs_csv.itertuples():
-        metrics, ev = run_results(work, row)
+    macros = read_macros(shared_study.report / "tables" / "quality-macros.tex")
+    for row in finished(shared_study).itertuples():
+        metrics, ev = run_results(shared_study, row)
         value = ev["splits"]["test"][metrics["metric"]]
         expected = f"{value:.1f}" if metrics["metric"] == "ppl" else f"{value:.3f}"
         assert macros[macro_name("q", f"{row.task}-{row.arch}-test")] == expected, (row.task, row.arch)
-    assert macros["qNumRuns"] == "6" and macros["qNumArchs"] == "2" and macros["qNumSeeds"] == "1"
+    assert (macros["qNumRuns"], macros["qNumArchs"], macros["qNumSeeds"]) == (str(STUDY_RUNS), "3", "1")
 
 
-def test_the_claims_table_is_the_evaluator_on_this_runs_results(full_run):
+def test_the_claims_table_is_the_evaluator_on_this_runs_results(shared_study):
     from seqmix.report.claims import evaluate_claims, load_claims
     from seqmix.report.latex import escape, macro_name
 
-    src, work = full_run
-    claims_file = src / "paper" / "claims.yaml"
-    macros = read_macros(work / "results" / "report" / "tables" / "claims-macros.tex")
-    claims = evaluate_claims(claims_file, work / "results")
+    claims_file = shared_study.src / "paper" / "claims.yaml"
+    macros = read_macros(shared_study.report / "tables" / "claims-macros.tex")
+    claims = evaluate_claims(claims_file, shared_study.results)
     assert macros["clNumClaims"] == str(len(claims)) == str(len(load_claims(claims_file)))
     for r in claims.itertuples():
         assert macros[macro_name("cl", f"{r.id}-ours")] == escape(r.ours), r.id
@@ -162,84 +116,93 @@ def test_the_claims_table_is_the_evaluator_on_this_runs_results(full_run):
     # ... and the Grassmann gap is this run's: 100 (ppl_grassmann / ppl_softmax - 1) on the
     # claim's split, from the two runs' eval.json (one seed: the value itself).
     gap = {c.id: c for c in load_claims(claims_file)}["grassmann-wikitext-gap"]
-    runs_csv = pd.read_csv(work / "results" / "summary" / "runs.csv")
+    runs = runs_of(shared_study)
     split = "validation" if gap.split == "eval" else "test"
-    ppl = {}
-    for row in runs_csv[runs_csv.task == gap.task].itertuples():
-        ppl[row.arch] = run_results(work, row)[1]["splits"][split]["ppl"]
+    ppl = {row.arch: run_results(shared_study, row)[1]["splits"][split]["ppl"]
+           for row in runs[runs.task == gap.task].itertuples()}
     value = 100 * (ppl[gap.arch] / ppl[gap.baseline] - 1)
     row = claims.set_index("id").loc["grassmann-wikitext-gap"]
     assert row.value == pytest.approx(value, rel=1e-9) and row.ours == f"{value:.3g}"
     assert row.verdict == "not testable"  # a tiny run is not the claim's scale
 
 
-def test_the_readme_results_block_is_this_finished_studys(full_run, tmp_path):
+def test_the_report_draws_no_empty_figure_and_says_why_in_a_sentence(shared_study):
+    # This study has no recorded study beside it (its recording was removed and the report
+    # rebuilt): the PDF draws no empty frame for it and says why in one sentence. It sweeps an
+    # MQAR task over width, so the recall figure is drawn, without the placeholder.
+    text = " ".join(pdf_text(shared_study.report / "report.pdf").split())
+    assert "no recorded study accepted" not in text and "no width sweep in this profile" not in text
+    assert "No study recorded on another machine is drawn beside these curves" in text
+    assert "recorded with python -m seqmix record" in text
+    assert "This study sweeps no recall (MQAR) task over model width" not in text
+
+
+def test_the_readme_results_block_is_this_finished_studys(shared_study, tmp_path):
     # `make readme-results` on a finished study: the claims table is the report's (each
     # verdict and value as its macros have them), the figures are PNGs the block links, the
     # block names the host and machine of the runs, and tools.docs puts it into the README.
     from seqmix.report.latex import escape, macro_name
     from tools.docs import generated, splice
 
-    src, work = full_run
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src / "src"), str(REPO)])}
+    src, work = shared_study.src, shared_study.work
+    env = tool_env({"PYTHONPATH": os.pathsep.join([str(src / "src"), str(REPO), shared_study.env["PYTHONPATH"]])})
     readme = tmp_path / "README.md"
     readme.write_text("# a\n\n## Results\n\n<!-- generated by `make readme-results` -->\nnone yet\n"
                       "<!-- end of generated -->\n\nmore\n")
-    proc = subprocess.run([sys.executable, "-m", "tools.readme_results", "--config", "tiny.yaml",
+    proc = subprocess.run([sys.executable, "-m", "tools.readme_results", "--config", str(shared_study.config_file),
                            "--claims", str(src / "paper" / "claims.yaml"), "--images", str(tmp_path / "docs" / "results"),
                            "--markdown", str(tmp_path / "block.md"), "--readme", str(readme)],
                           cwd=work, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     block = (tmp_path / "block.md").read_text()
-    macros = read_macros(work / "results" / "report" / "tables" / "claims-macros.tex")
+    macros = read_macros(shared_study.report / "tables" / "claims-macros.tex")
     rows = re.findall(r"^\| `([\w-]+)` \| \**([a-z ]+?)\** \| (.*?) \| (.*?) \|$", block, re.M)
     assert len(rows) == int(macros["clNumClaims"]) > 10
     for cid, verdict, ours, _ in rows:
         assert macros[macro_name("cl", f"{cid}-verdict")] == verdict and macros[macro_name("cl", f"{cid}-ours")] == escape(ours)
-    provenance = json.loads(next((work / "results" / "runs").rglob("provenance.json")).read_text())
+    provenance = json.loads(next((shared_study.results / "runs").rglob("provenance.json")).read_text())
     assert f"(host {provenance['host']})" in block and provenance["device"]["name"] in block.splitlines()[0]
-    (image,) = re.findall(r"!\[[^\]]+\]\((docs/results/[\w.]+\.png)\)", block)  # no width sweep here: one figure
-    assert (tmp_path / image).read_bytes()[:4] == b"\x89PNG"
+    images = re.findall(r"!\[[^\]]+\]\((docs/results/[\w.]+\.png)\)", block)  # quality, and recall by width
+    assert len(images) == 2 and all((tmp_path / image).read_bytes()[:4] == b"\x89PNG" for image in images)
     page = splice(readme.read_text(), block)
     assert generated(page) == block and page.endswith("<!-- end of generated -->\n\nmore\n")
 
 
-def notebook_outputs() -> dict:
-    return yaml.safe_load((REPO / "notebooks" / "outputs.yaml").read_text())
-
-
-def test_the_html_report_shows_every_figure_of_the_run(full_run):
-    src, work = full_run
-    html = work / "results" / "report" / "report.html"
-    snakemake(src, work, "--report", str(html), "--configfile", str(work / "tiny.yaml"))
+def test_the_html_report_shows_every_figure_of_the_run(shared_study, tmp_path):
+    html = tmp_path / "report.html"
+    shared_study.snakemake("--report", str(html))
     text = html.read_text(errors="replace")
     figures = [f"{f}.pdf" for nb in notebook_outputs().values() for f in nb["figures"]]
     assert figures, "outputs.yaml lists no figure?"
     for name in figures:
-        assert (work / "results" / "report" / "figures" / name).exists(), f"{name} was not produced"
+        assert (shared_study.report / "figures" / name).exists(), f"{name} was not produced"
         assert name in text, f"{name} missing from the HTML report"
     assert "report.pdf" in text
 
 
-def test_nothing_left_to_do_after_a_full_run(full_run):
-    src, work = full_run
-    proc = snakemake(src, work, "-n", "--configfile", str(work / "tiny.yaml"))
+def test_nothing_left_to_do_after_a_full_run(shared_study):
+    assert shared_study.seen["nothing left"] == {}  # right after the build
+    proc = shared_study.dry_run()  # and after everything tests/study.py did with it
     assert planned_jobs(proc) == {}, proc.stdout[-2000:]
 
 
-def edited(work: Path, name: str, edit) -> Path:
-    """A copy of the tiny config with ``edit`` applied to it (its tasks share their model and
-    train sections, YAML anchors: replace one, do not update it in place)."""
-    cfg = yaml.safe_load((work / "tiny.yaml").read_text())
+def edited(study, tmp_path: Path, edit) -> Path:
+    """A copy of the study's config with ``edit`` applied to it (its tasks share their model
+    and train sections, YAML anchors: replace one, do not update it in place)."""
+    cfg = yaml.safe_load(study.config_file.read_text())
     edit(cfg)
-    (work / name).write_text(yaml.safe_dump(cfg))
-    return work / name
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return tmp_path / "edited.yaml"
 
 
-def rerun_because(proc: subprocess.CompletedProcess, reason: str) -> set[str]:
+def rerun_because(out: str, reason: str) -> set[str]:
     """The rules a dry run's summary lists under one reason (e.g. "params have changed")."""
-    found = re.search(rf"^    {reason}[^\n]*:\n        (.*)$", proc.stdout + proc.stderr, re.M)
+    found = re.search(rf"^    {reason}[^\n]*:\n        (.*)$", out, re.M)
     return set(found.group(1).split(", ")) if found else set()
+
+
+def output_of(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + proc.stderr
 
 
 # What reads every run: runs.csv, the notebooks on it or on every run's files, the report.
@@ -247,85 +210,63 @@ READ_EVERY_RUN = {"collect": 1, "notebook_quality": 1, "notebook_recall": 1, "no
                   "latest_report": 1, "all": 1}
 
 
-def test_adding_a_task_to_a_finished_study_runs_that_task_and_what_reads_every_run(full_run):
+def test_adding_a_task_to_a_finished_study_runs_that_task_and_what_reads_every_run(shared_study, tmp_path):
     # Each job's params are its own spec: the analyses of other runs (complexity,
     # throughput, sparsity, geometry, the closed forms) do not hold the task list, so they
     # and their notebooks stay done. With the whole study in every job's params they would
     # all rerun ("Params have changed").
-    src, work = full_run
-    config = edited(work, "added.yaml", lambda cfg: cfg["tasks"].update({"mqar/L32-kv4": {
-        **cfg["tasks"]["mqar"], "vocab_size": 48, "seq_len": 32, "num_kv_pairs": 4}}))
-    proc = snakemake(src, work, "-n", "--configfile", str(config))
-    assert planned_jobs(proc) == {"data_task": 1, "train": 2, "eval": 2, **READ_EVERY_RUN}, proc.stdout[-3000:]
-    assert set(re.findall(r"wildcards: (?:task|group)=([^,\n]+)", proc.stdout)) == {"mqar/L32-kv4"}
-    assert rerun_because(proc, "params have changed") == {"collect"}  # its run list
+    config = edited(shared_study, tmp_path, lambda cfg: cfg["tasks"].update({"mqar/L32-kv3": {
+        **cfg["tasks"]["mqar"], "vocab_size": 48, "seq_len": 32, "num_kv_pairs": 3}}))
+    out = output_of(shared_study.dry_run(config=config))
+    assert planned_jobs(out) == {"data_task": 1, "train": 3, "eval": 3, **READ_EVERY_RUN}, out[-3000:]
+    assert set(re.findall(r"wildcards: (?:task|group)=([^,\n]+)", out)) == {"mqar/L32-kv3"}
+    assert rerun_because(out, "params have changed") == {"collect"}  # its run list
 
 
-def test_editing_one_tasks_training_reruns_its_runs_and_what_reads_them(full_run):
-    # MQAR's runs are the geometry analysis's (the first language-model task); WikiText-2's
-    # sparsity, SNLI's runs and every analysis that needs no training stay done.
-    src, work = full_run
-    config = edited(work, "lr.yaml", lambda cfg: cfg["tasks"]["mqar"].update(train={**cfg["tasks"]["mqar"]["train"], "lr": 1e-3}))
-    proc = snakemake(src, work, "-n", "--configfile", str(config))
-    assert planned_jobs(proc) == {"train": 2, "eval": 2, "geometry": 1, "notebook_geometry": 1, **READ_EVERY_RUN}
-    assert set(re.findall(r"wildcards: task=([^,\n]+)", proc.stdout)) == {"mqar"}
-    assert rerun_because(proc, "params have changed") == {"train"}
+def test_editing_one_tasks_training_reruns_its_runs_and_what_reads_them(shared_study, tmp_path):
+    # MQAR's runs are the geometry analysis's (the config names it); WikiText-2's sparsity,
+    # SNLI's runs, the other MQAR tasks' and every analysis that needs no training stay done.
+    config = edited(shared_study, tmp_path, lambda cfg: cfg["tasks"]["mqar"].update(
+        train={**cfg["tasks"]["mqar"]["train"], "lr": 1e-3}))
+    out = output_of(shared_study.dry_run(config=config))
+    assert planned_jobs(out) == {"train": 3, "eval": 3, "geometry": 1, "notebook_geometry": 1, **READ_EVERY_RUN}
+    assert set(re.findall(r"wildcards: task=([^,\n]+)", out)) == {"mqar"}
+    assert rerun_because(out, "params have changed") == {"train"}
 
 
-def planned_wildcards(proc: subprocess.CompletedProcess, rule: str) -> list[dict[str, str]]:
-    """The wildcards of each job of ``rule`` a dry run lists."""
-    blocks = re.findall(rf"^(?:local)?rule {rule}:\n(.*?)(?:\n\n|\Z)", proc.stdout, re.M | re.S)
-    return [dict(re.findall(r"(\w+)=([^,\n]+)", m.group(1))) for b in blocks
-            if (m := re.search(r"wildcards: (.*)", b))]
-
-
-def dry_run_after_editing(src: Path, work: Path, module: Path) -> subprocess.CompletedProcess:
-    """A dry run of the tiny study with a statement added to ``module`` (restored after): an
-    edit of its code, not a comment, which changes no job's code (seqmix.sources)."""
-    text = module.read_text()
-    try:
-        module.write_text(text + "\nEDITED_BY_A_TEST = True\n")
-        return snakemake(src, work, "-n", "--configfile", str(work / "tiny.yaml"))
-    finally:
-        module.write_text(text)
-
-
-def test_editing_one_mixer_reruns_its_runs_and_what_reads_them_nothing_else(full_run):
+def test_editing_one_mixer_reruns_its_runs_and_what_reads_them_nothing_else(shared_study):
     # Each job depends on its code (seqmix.sources): Grassmann's module trains, evaluates
     # and is timed in Grassmann's jobs only, and the analyses that build every mixer.
-    src, work = full_run
-    proc = dry_run_after_editing(src, work, src / "src" / "seqmix" / "mixers" / "grassmann.py")
-    planned = planned_jobs(proc)
-    runs = pd.read_csv(work / "results" / "summary" / "runs.csv")
+    out = shared_study.seen["after editing grassmann.py"]
+    planned = planned_jobs(out)
+    runs = runs_of(shared_study)
     assert planned["train"] == planned["eval"] == (runs.arch == "grassmann").sum(), planned
     for rule in ("train", "eval", "sparsity_run"):
-        assert {w["arch"] for w in planned_wildcards(proc, rule)} == {"grassmann"}, rule
+        assert {w["arch"] for w in planned_wildcards(out, rule)} == {"grassmann"}, rule
     assert {"complexity", "throughput", "copy_probe"} <= set(planned)  # they build every mixer
     assert not {"data_task", "data_tokenizer", "sparsity_analytic"} & set(planned), planned
 
 
-def test_editing_one_task_kind_reruns_its_data_and_runs_nothing_else(full_run):
-    src, work = full_run
-    proc = dry_run_after_editing(src, work, src / "src" / "seqmix" / "tasks" / "snli.py")
-    planned = planned_jobs(proc)
-    runs = pd.read_csv(work / "results" / "summary" / "runs.csv")
+def test_editing_one_task_kind_reruns_its_data_and_runs_nothing_else(shared_study):
+    out = shared_study.seen["after editing snli.py"]
+    planned = planned_jobs(out)
+    runs = runs_of(shared_study)
     assert planned["train"] == planned["eval"] == (runs.kind == "snli").sum(), planned
-    assert {w["task"] for w in planned_wildcards(proc, "train")} == {"snli"}
-    assert [w["group"] for w in planned_wildcards(proc, "data_task")] == ["snli"]
+    assert {w["task"] for w in planned_wildcards(out, "train")} == {"snli"}
+    assert [w["group"] for w in planned_wildcards(out, "data_task")] == ["snli"]
     assert not {"complexity", "throughput", "copy_probe", "sparsity_analytic", "data_tokenizer"} & set(planned), planned
 
 
-def test_parsing_the_dag_again_reads_the_cached_job_table_and_imports_no_torch(full_run):
-    # The job table was made by a parse above (seqmix.study.dag); a dry run now reads it as it is
-    # (no file rewritten) and the Snakemake process never imports torch.
-    src, work = full_run
-    snakemake(src, work, "-n", "--configfile", str(work / "tiny.yaml"))  # the table of the sources as they are
-    tables = {p: p.stat().st_mtime_ns for p in (work / ".snakemake" / "seqmix").glob("jobs-*.json")}
+def test_parsing_the_dag_again_reads_the_cached_job_table_and_imports_no_torch(shared_study):
+    # The job table was made by a parse before (seqmix.study.dag); a dry run now reads it as it
+    # is (no file rewritten) and the Snakemake process never imports torch.
+    shared_study.dry_run()  # the table of the sources as they are
+    tables = {p: p.stat().st_mtime_ns for p in (shared_study.work / ".snakemake" / "seqmix").glob("jobs-*.json")}
     assert tables
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "snakemake", "--snakefile", str(src / "Snakefile"),
-                           "--directory", str(work), "--cores", "2", "-n", "--configfile", str(work / "tiny.yaml")],
-                          capture_output=True, text=True, env=env, cwd=work)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "snakemake", "--snakefile",
+                           str(shared_study.src / "Snakefile"), "--directory", str(shared_study.work), "--cores", "2",
+                           "-n", "--configfile", str(shared_study.config_file)],
+                          capture_output=True, text=True, env=tool_env(shared_study.env), cwd=shared_study.work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     imported = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", proc.stderr, re.M)
     assert "seqmix.study.dag" in imported and "snakemake" in imported
@@ -333,46 +274,52 @@ def test_parsing_the_dag_again_reads_the_cached_job_table_and_imports_no_torch(f
     assert {p: p.stat().st_mtime_ns for p in tables} == tables
 
 
-def test_editing_a_notebook_reruns_only_that_notebook(full_run):
-    src, work = full_run
-    nb = src / "notebooks" / "complexity.ipynb"
-    # A notebook's code is its code cells (seqmix.sources): edit one, as a researcher would.
-    content = json.loads(nb.read_text())
-    cell = next(c for c in content["cells"] if c["cell_type"] == "code")
-    cell["source"] = ["".join(cell["source"]) + "\nedited_by_a_test = True\n"]
-    nb.write_text(json.dumps(content))
-    one = snakemake(src, work, "-n", "results/report/figures/complexity_time.pdf", "--configfile", str(work / "tiny.yaml"))
-    assert planned_jobs(one) == {"notebook_complexity": 1}
-    everything = snakemake(src, work, "-n", "--configfile", str(work / "tiny.yaml"))
-    assert planned_jobs(everything) == {"notebook_complexity": 1, "report": 1, "latest_report": 1, "all": 1}
+def test_editing_a_notebook_reruns_only_that_notebook(shared_study):
+    # A bare `touch` is not a change for Snakemake >= 8: it compares the checksums of small
+    # inputs, so an unchanged notebook is not rerun. tests/study.py edits it, as a researcher would.
+    assert shared_study.seen["notebook edited, one figure"] == {"notebook_complexity": 1}
+    assert shared_study.seen["notebook edited"] == {"notebook_complexity": 1, "report": 1, "latest_report": 1, "all": 1}
 
 
-def test_a_committed_recording_reruns_the_notebooks_that_read_it_and_they_report_it(full_run):
-    # This study, recorded into the scratch repository with its config at the headline
+def test_a_committed_recording_reruns_the_notebooks_that_read_it_and_they_report_it(shared_study):
+    # The study, recorded into the scratch repository with its config at the headline
     # study's path (seqmix.report.recorded.HEADLINE_CONFIG): the recording is read by the
     # quality and claims notebooks alone, so committing it reruns those and the report; run,
     # they decide the gap claim on it, naming where it came from, and draw its curves.
-    from seqmix import REPO_ROOT
     from seqmix.report.latex import escape
-    from seqmix.report.recorded import HEADLINE_CONFIG
 
-    src, work = full_run
-    before = dry_run_jobs(src, work, work / "tiny.yaml")
-    shutil.copy2(work / "tiny.yaml", src / HEADLINE_CONFIG.relative_to(REPO_ROOT))
-    env = {**os.environ, "PYTHONPATH": str(src / "src")}
-    subprocess.run([sys.executable, "-m", "seqmix", "record", "--config", "tiny.yaml", "--out",
-                    str(src / "results" / "recorded")], cwd=work, env=env, check=True, capture_output=True)
-    after = dry_run_jobs(src, work, work / "tiny.yaml")
-    assert after == {**before, "notebook_quality": 1, "notebook_claims": 1, "report": 1, "latest_report": 1, "all": 1}
-    report = work / "results" / "report"
-    snakemake(src, work, "results/report/tables/claims.tex", "results/report/tables/quality-macros.tex",
-              "results/report/figures/quality_recorded.pdf", "--configfile", str(work / "tiny.yaml"))
-    (meta,) = [json.loads(p.read_text()) for p in (src / "results" / "recorded").glob("*/*/meta.json")]
+    planned = shared_study.seen["recording committed"]
+    assert planned["after"] == {**planned["before"], "notebook_quality": 1, "notebook_claims": 1, "report": 1,
+                                "latest_report": 1, "all": 1}
+    seen = shared_study.seen["recording"]
+    meta = seen["meta"]
     where = escape(f"recorded on {meta['device']}, {meta['date']}, commit ")  # (this scratch copy has no git)
-    assert where in (report / "tables" / "claims.tex").read_text()
-    recorded = read_macros(report / "tables" / "quality-macros.tex")["qRecorded"]
-    assert recorded.startswith(escape("recorded study test/")) and "refused" not in recorded
-    assert (report / "figures" / "quality_recorded.pdf").stat().st_size > 5_000
+    assert where in seen["claims.tex"]
+    assert seen["qRecorded"].startswith(escape("recorded study study-a/")) and "refused" not in seen["qRecorded"]
+    assert seen["quality_recorded.pdf bytes"] > 5_000
+
+
+# -- faults in the real DAG (issue 15): paths with spaces, quotes and shell metacharacters; a
+# task whose every run diverges before its first evaluation (tests/study.py's config) --------
+
+
+def test_hostile_paths_run_the_dag_and_inject_nothing(shared_study):
+    assert '"' in RESULTS and "'" in RESULTS and "$(" in RESULTS and "`" in RESULTS and ";" in DATA and " " in DATA
+    assert not list(shared_study.root.rglob(f"{INJECTED}*")), "a path in the config ran as a shell command"
+    assert (shared_study.results / "runs" / "mqar" / "grassmann" / "seed0" / "eval.json").exists()
+    assert (shared_study.data / "mqar" / "manifest.json").exists()
+    assert (shared_study.report / "report.pdf").stat().st_size > 10_000
+
+
+def test_a_task_whose_every_run_diverged_is_reported_as_such(shared_study):
+    runs = runs_of(shared_study)
+    diverged = runs[runs.task == DIVERGE]
+    assert len(diverged) == 2 and (diverged.status == "diverged").all() and (diverged.diverged_at_step < 3).all()
+    text = pdf_text(shared_study.report / "report.pdf")
+    assert "every run of MQAR diverge diverged, so it has no quality result" in text  # abstract and table note
+    assert "(not evaluated: every run diverged)" in text  # the setup table
+    # The abstract names this study's architectures (not "ten alternatives").
+    assert "We train 3 sequence-mixing architectures (Softmax, Grassmann and My mixer)" in text
 
 
 def implied_runs(raw: dict) -> int:
@@ -397,22 +344,23 @@ def implied_runs(raw: dict) -> int:
     return total
 
 
-def dry_run_jobs(src: Path, work: Path, config: Path) -> dict[str, int]:
-    return planned_jobs(snakemake(src, work, "-n", "--configfile", str(config)))
+def dry_run_jobs(work: Path, config: Path) -> dict[str, int]:
+    """The jobs a dry run of the checkout's own workflow plans for ``config`` in ``work``
+    (a dry run writes nothing beside the Snakefile: no copy of it is needed)."""
+    return planned_jobs(snakemake(REPO, work, "-n", "--configfile", str(config)))
 
 
 def test_dry_run_plans_the_jobs_a_config_implies(tmp_path):
     # Counted by hand: mqar trains softmax and grassmann (linformer has no causal form) x 3
     # seeds = 6; its variant one architecture x a 2 x 2 sweep x 1 seed = 4; snli all three
     # architectures x 3 seeds = 9.
-    src = copy_workflow(tmp_path / "src")
     cfg = {"architectures": ["softmax", "grassmann", "linformer"], "seeds": [0, 1, 2],
            "tasks": {"mqar": {}, "mqar/v": {"architectures": ["softmax"], "seeds": [0],
                                             "sweep": {"model.d_model": [8, 16], "train.lr": [1e-3, 3e-3]}},
                      "snli": {}},
            "analysis": {"sparsity": {"tasks": ["mqar"]}, "geometry": {"task": "mqar"}}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    jobs = dry_run_jobs(src, tmp_path, tmp_path / "c.yaml")
+    jobs = dry_run_jobs(tmp_path, tmp_path / "c.yaml")
     assert jobs["train"] == jobs["eval"] == 6 + 4 + 9 == implied_runs(cfg)
     assert jobs["data_task"] == 3 and jobs["data_tokenizer"] == 1  # one data directory per task as written
     assert all(jobs[f"notebook_{name}"] == 1 for name in notebook_outputs())
@@ -421,23 +369,24 @@ def test_dry_run_plans_the_jobs_a_config_implies(tmp_path):
 
 
 def test_dry_run_of_the_quick_config_trains_what_it_says(tmp_path):
-    src = copy_workflow(tmp_path / "src")
     config = REPO / "config" / "config.yaml"
-    jobs = dry_run_jobs(src, tmp_path, config)
+    jobs = dry_run_jobs(tmp_path, config)
     raw = yaml.safe_load(config.read_text())
     assert jobs["train"] == jobs["eval"] == implied_runs(raw)
     assert jobs["data_task"] == len(raw["tasks"])
 
 
 def test_a_bad_config_fails_before_any_job_naming_the_key(tmp_path):
-    src = copy_workflow(tmp_path / "src")
     bad = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     bad["tasks"]["wikitext2"]["train"]["learning_rate"] = 0.1
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
-    proc = snakemake(src, tmp_path, "--configfile", str(tmp_path / "bad.yaml"), check=False)
+    proc = snakemake(REPO, tmp_path, "--configfile", str(tmp_path / "bad.yaml"), check=False)
     assert proc.returncode != 0
     assert "unknown key(s) 'learning_rate' under 'tasks.wikitext2.train'" in proc.stderr + proc.stdout
     assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
+
+
+# -- seqmix.study.dag: the job table the Snakefile reads -----------------------------------------
 
 
 def test_a_malformed_claim_is_refused_before_any_job_naming_the_claim_and_key(tmp_path):
@@ -455,9 +404,6 @@ def test_a_malformed_claim_is_refused_before_any_job_naming_the_claim_and_key(tm
         proc = snakemake(src, tmp_path, *args, "--configfile", str(tmp_path / "tiny.yaml"), check=False)
         assert proc.returncode != 0 and line in (proc.stderr + proc.stdout).splitlines(), proc.stderr[-2000:]
     assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
-
-
-# -- seqmix.study.dag: the job table the Snakefile reads -----------------------------------------
 
 
 def test_the_job_table_is_made_once_and_again_when_a_file_it_read_changes(tmp_path, monkeypatch):

@@ -18,9 +18,7 @@ from seqmix.study.table import expand
 from tools.bench import packing
 
 from .conftest import REPO, tiny_config
-from .test_dag import copy_workflow, planned_jobs, snakemake
-from .test_profiles import flatten
-from .test_slots import slot_env
+from .helpers import copy_workflow, flatten, harness_env, planned_jobs, slot_env, snakemake
 
 HEADLINE = REPO / "config" / "paper-headline.yaml"
 SMOKE = REPO / "config" / "paper-headline-smoke.yaml"
@@ -71,8 +69,7 @@ def test_the_headline_smoke_is_the_headline_plus_its_cuts():
 
 
 def test_the_headline_target_plans_the_runs_and_their_evaluations_only(tmp_path):
-    src = copy_workflow(tmp_path / "src")
-    proc = snakemake(src, tmp_path, "-n", "-p", "--configfile", str(src / "config" / "paper-headline.yaml"),
+    proc = snakemake(REPO, tmp_path, "-n", "-p", "--configfile", str(REPO / "config" / "paper-headline.yaml"),
                      "--resources", "gpu_slots=6", "--", "runs")
     study = load_study(HEADLINE)
     n = len(study.architectures) * len(study.seeds)
@@ -195,8 +192,10 @@ def test_the_measurement_runs_its_workers_and_chooses(tmp_path):
 @pytest.mark.slow
 def test_the_headline_smoke_runs_through_the_dag_on_one_fake_gpu(tmp_path, mirror):
     """`make paper-headline-smoke`'s DAG part: config/paper-headline-smoke.yaml (the exact
-    shapes, 2 steps) to the `runs` target, three jobs at once on one fake GPU, in a working
-    directory where another study was built first. About 10 minutes on a 2-core CPU."""
+    shapes, 2 steps) to the `runs` target, three jobs at once on one fake GPU (the first
+    three training jobs each held, once they have a slot, until all three have one:
+    tests/harness/train.py), in a working directory where another study was built first.
+    About 10 minutes on a 2-core CPU."""
     src = copy_workflow(tmp_path / "src")
     work = tmp_path / "work"
     work.mkdir()
@@ -205,8 +204,10 @@ def test_the_headline_smoke_runs_through_the_dag_on_one_fake_gpu(tmp_path, mirro
     (work / "other.yaml").write_text(yaml.safe_dump(other))
     env = slot_env(tmp_path, SEQMIX_GPUS="fake0", SEQMIX_DATA_MIRROR=str(mirror))
     snakemake(src, work, "--configfile", str(work / "other.yaml"), "--", "runs", env=env)
+    held = tmp_path / "held"
     snakemake(src, work, "--cores", "3", "--resources", "gpu_slots=3", "--set-threads", "train=1", "eval=1",
-              "--configfile", str(src / "config" / "paper-headline-smoke.yaml"), "--", "runs", env=env)
+              "--configfile", str(src / "config" / "paper-headline-smoke.yaml"), "--", "runs",
+              env={**env, **harness_env(SEQMIX_TEST_BARRIER=str(held), SEQMIX_TEST_BARRIER_COUNT="3")})
     study = load_study(SMOKE)
     results = work / study.results_dir / "runs" / "wikitext2"
     slots = []
@@ -217,7 +218,8 @@ def test_the_headline_smoke_runs_through_the_dag_on_one_fake_gpu(tmp_path, mirro
         assert abs(metrics["params"] - 13_000_000) <= 130_000  # the 13.0M budget within 1 %
         assert (d / "eval.json").exists()
         slots.append(prov["device"]["gpu_slot"])
-    assert max(int(s.split("/")[1]) for s in slots) >= 1, slots  # jobs shared the fake GPU
+    # The three held jobs shared the fake GPU, one slot each.
+    assert sorted((held / str(k)).read_text() for k in range(3)) == ["fake0/0", "fake0/1", "fake0/2"], slots
 
 
 def test_a_copy_without_git_records_the_commit_it_was_sent_from(tmp_path, monkeypatch):

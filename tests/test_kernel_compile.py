@@ -22,9 +22,9 @@ import textwrap
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, require_triton
 
-pytest.importorskip("triton")
+require_triton()
 
 JOBS = max(1, min(2, os.cpu_count() or 1))  # CI's machine has 2 cores
 

@@ -11,7 +11,7 @@ import re
 import pytest
 from seqmix.kernels.registry import KERNELS, triton_kernels
 
-from .conftest import REPO
+from .conftest import REPO, require_triton
 
 
 def resolve(target: str):
@@ -23,7 +23,7 @@ def resolve(target: str):
 def test_each_fast_path_is_beside_its_reference_and_a_test_compares_them(name):
     kernel = KERNELS[name]
     if kernel.form == "triton":
-        pytest.importorskip("triton")
+        require_triton()
     assert kernel.fast.startswith("seqmix.kernels.") and kernel.reference.startswith("seqmix.mixers."), kernel
     assert callable(resolve(kernel.fast)) and callable(resolve(kernel.reference))
     test = (REPO / kernel.test).read_text()

@@ -29,7 +29,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-pytest.importorskip("triton")
+from .conftest import require_triton  # noqa: E402
+from .helpers import assert_close, assert_same_fwd_bwd, grads, scan_inputs  # noqa: E402
+
+require_triton()
 
 from seqmix.mixers.gla import gla_recurrent_reference  # noqa: E402
 from seqmix.mixers.grassmann import grassmann_mix_reference, plucker  # noqa: E402
@@ -50,26 +53,14 @@ def _kernel_module(name: str):
     return mod
 
 
-def _grads(out: torch.Tensor, inputs: list[torch.Tensor], grad_out: torch.Tensor):
-    # allow_unused: at L = 1 the reference never touches some inputs (zero gradient)
-    return torch.autograd.grad(out, inputs, grad_out, allow_unused=True, materialize_grads=True)
-
-
 def assert_matches(got, want, what: str, rtol: float = 1e-4, atol_rel: float = 1e-5):
-    scale = max(want.abs().max().item(), 1.0)
-    torch.testing.assert_close(got, want, rtol=rtol, atol=atol_rel * scale, msg=lambda m: f"{what}: {m}")
+    """At this module's fp32 tolerances (its docstring): atol a fraction of the largest value."""
+    assert_close(got, want, what, atol=atol_rel, rtol=rtol, scaled=True)
 
 
-def check(kernel_fn, ref_fn, inputs: list[torch.Tensor], names: list[str], seed: int = 0):
+def check(kernel_fn, ref_fn, inputs: list[torch.Tensor], names: list[str]):
     """Forward and the gradient of every input, kernel vs reference, for one random dy."""
-    out_k = kernel_fn(*inputs)
-    out_r = ref_fn(*inputs)
-    assert torch.isfinite(out_k).all()
-    assert_matches(out_k, out_r, "forward")
-    dy = torch.randn(out_r.shape, generator=torch.Generator().manual_seed(seed + 1))
-    for name, gk, gr in zip(names, _grads(out_k, inputs, dy), _grads(out_r, inputs, dy)):
-        assert torch.isfinite(gk).all(), name
-        assert_matches(gk, gr, f"d{name}")
+    assert_same_fwd_bwd(kernel_fn, ref_fn, inputs, names=names, atol=1e-5, rtol=1e-4, scaled=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -290,20 +281,6 @@ def test_tssa_without_bias_and_zero_column():
 # --------------------------------------------------------------------------------------
 
 
-def scan_case(Bt, D, N, L, strong, skip_and_gate=True, dtype=torch.float32, seed=0):
-    """u, Δ, A, B, C, D, z as the Mamba layer passes them: Δ ∈ (0, 0.2) (weak decay: the
-    init's Δ ≤ 0.1) or (0, 3) (strong: exp(Δ A) down to e^-72 at N 16), A_n = -n · U[0.5, 1.5];
-    D and z, or None for both."""
-    g = torch.Generator().manual_seed(seed)
-    u = torch.randn(Bt, D, L, generator=g, dtype=dtype)
-    delta = (3.0 if strong else 0.2) * torch.rand(Bt, D, L, generator=g, dtype=dtype)
-    A = -torch.arange(1, N + 1, dtype=dtype).repeat(D, 1) * (0.5 + torch.rand(D, 1, generator=g, dtype=dtype))
-    B, C = (torch.randn(Bt, N, L, generator=g, dtype=dtype) for _ in range(2))
-    Dskip, z = torch.randn(D, generator=g, dtype=dtype), torch.randn(Bt, D, L, generator=g, dtype=dtype)
-    inputs = [u, delta, A, B, C] + ([Dskip, z] if skip_and_gate else [])
-    return [t.requires_grad_() for t in inputs], ["u", "delta", "A", "B", "C", "D", "z"][:len(inputs)]
-
-
 SCAN_CASES = [
     # Bt, D, N, L, strong decay, with D and z; interpreter tiles: 8 tokens × 4 channels
     (2, 5, 3, 1, False, True),  # L = 1; D and N not multiples of the tiles
@@ -319,7 +296,8 @@ SCAN_CASES = [
 @pytest.mark.parametrize("Bt,D,N,L,strong,skip_and_gate", SCAN_CASES)
 def test_selective_scan_matches_reference(Bt, D, N, L, strong, skip_and_gate):
     ss = _kernel_module("selective_scan")
-    inputs, names = scan_case(Bt, D, N, L, strong, skip_and_gate, seed=L + N)
+    inputs, names = scan_inputs(Bt, D, N, L, strong=strong, skip=skip_and_gate, gate=skip_and_gate,
+                                 dtype=torch.float32, seed=L + N)
     check(ss.selective_scan, selective_scan_reference, inputs, names)
 
 
@@ -371,7 +349,7 @@ def test_half_precision_inputs_against_fp32_reference():
         assert out_h.dtype == torch.float16
         assert_matches(out_h.float(), out_f, "fp16 forward", rtol=4e-3, atol_rel=4e-3)
         dy = torch.randn(out_f.shape, generator=g).half()
-        for gh, gf in zip(_grads(out_h, half, dy), _grads(out_f, full, dy.float())):
+        for gh, gf in zip(grads(out_h, half, dy), grads(out_f, full, dy.float())):
             assert gh.dtype == torch.float16
             assert_matches(gh.float(), gf, "fp16 gradient", rtol=1e-2, atol_rel=1e-2)
 
@@ -382,7 +360,7 @@ def test_selective_scan_half_inputs_as_under_autocast():
     (as the reference's): only the output and the 16-bit inputs' gradients are rounded, once
     (fp16 here, the interpreter has no bf16: unit roundoff 4.9e-4, tolerance 2e-3)."""
     ss = _kernel_module("selective_scan")
-    inputs, names = scan_case(2, 6, 4, 21, False, seed=9)
+    inputs, names = scan_inputs(2, 6, 4, 21, gate=True, dtype=torch.float32, seed=9)
     half_at = {0, 3, 4, 6}  # u, B, C, z
     with torch.no_grad():
         full = [(t.half().float() if i in half_at else t).requires_grad_() for i, t in enumerate(inputs)]
@@ -391,7 +369,7 @@ def test_selective_scan_half_inputs_as_under_autocast():
     assert out_h.dtype == torch.float16
     assert_matches(out_h.float(), out_f, "fp16 forward", rtol=2e-3, atol_rel=2e-3)
     dy = torch.randn(out_f.shape, generator=torch.Generator().manual_seed(1)).half()
-    for i, (name, gh, gf) in enumerate(zip(names, _grads(out_h, mixed, dy), _grads(out_f, full, dy.float()))):
+    for i, (name, gh, gf) in enumerate(zip(names, grads(out_h, mixed, dy), grads(out_f, full, dy.float()))):
         assert gh.dtype == mixed[i].dtype, name
         assert_matches(gh.float(), gf, f"d{name} (fp16 inputs)", rtol=2e-3, atol_rel=2e-3)
 
@@ -426,12 +404,12 @@ def test_mixer_dispatch_matches_reference(arch, causal):
     mixer, x, params, dy = _mixer_case(arch, causal)
     with dispatch.using("reference") as reference_run:
         want = mixer(x)
-    want_grads = _grads(want, params, dy)
+    want_grads = grads(want, params, dy)
     with dispatch.using("triton") as kernel_run:
         got = mixer(x)
     assert reference_run.taken() == {arch: "reference"} and kernel_run.taken() == {arch: "triton"}
     assert_matches(got, want, f"{arch} output")
-    for i, (g, w) in enumerate(zip(_grads(got, params, dy), want_grads)):
+    for i, (g, w) in enumerate(zip(grads(got, params, dy), want_grads)):
         assert_matches(g, w, f"{arch} grad {i}")
 
 
@@ -462,7 +440,7 @@ def test_a_kernel_that_fails_falls_back_to_its_reference_with_one_warning(arch, 
     mixer, x, params, dy = _mixer_case(arch)
     with dispatch.isolated("reference"):
         want = mixer(x)
-    want_grads = _grads(want, params, dy)
+    want_grads = grads(want, params, dy)
 
     def launch(*args, **kwargs):
         raise compile_failure(error)
@@ -476,7 +454,7 @@ def test_a_kernel_that_fails_falls_back_to_its_reference_with_one_warning(arch, 
         record = dispatch.provenance()
     for got in outputs:
         assert_matches(got, want, f"{arch} output after the fallback")
-        for i, (g, w) in enumerate(zip(_grads(got, params, dy), want_grads)):
+        for i, (g, w) in enumerate(zip(grads(got, params, dy), want_grads)):
             assert_matches(g, w, f"{arch} grad {i} after the fallback")
     warned = [str(w.message) for w in caught if issubclass(w.category, dispatch.KernelFallbackWarning)]
     assert len(warned) == 1, warned
@@ -492,10 +470,10 @@ def test_a_kernel_that_fails_falls_back_to_its_reference_with_one_warning(arch, 
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-GPU path of the command")
-def test_bench_kernels_cpu_smoke(tmp_path, capsys):
+def test_bench_kernels_cpu_smoke(tmp_path, capsys, monkeypatch):
     from tools.bench.__main__ import main
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the no-GPU path, on any machine
     out = tmp_path / "kernels.csv"
     assert main(["kernels", "--out", str(out)]) == 0
     text = capsys.readouterr().out

@@ -12,15 +12,9 @@ from seqmix import mixers
 from seqmix.mixers.base import HeadProjections
 from seqmix.models.lm import CausalLM, LMConfig
 
-from .conftest import TINY_OPTIONS
+from .conftest import tiny_mixer
 
 D = 8
-
-
-def build(name: str, causal: bool, max_len: int = 16, **overrides) -> mixers.Mixer:
-    torch.manual_seed(0)
-    options = {**TINY_OPTIONS.get(name, {}), **overrides}
-    return mixers.build(name, D, causal=causal, max_len=max_len, **options).double().eval()
 
 
 def noncausal_forms() -> list[str]:
@@ -31,7 +25,7 @@ def noncausal_forms() -> list[str]:
 
 @pytest.mark.parametrize("name", noncausal_forms())
 def test_gradcheck_of_the_noncausal_form(name):
-    m = build(name, causal=False, max_len=5)
+    m = tiny_mixer(name, causal=False, max_len=5)
     x = torch.randn(1, 5, D, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(m, (x,), eps=1e-6, atol=1e-5)
 
@@ -40,7 +34,7 @@ def test_the_noncausal_form_reads_the_future():
     # What makes it an encoder: an output at t changes when a later input changes (within
     # the reach of a bounded mixer: Grassmann's tiny offsets go 3 tokens either way).
     for name in noncausal_forms():
-        m = build(name, causal=False)
+        m = tiny_mixer(name, causal=False)
         x = torch.randn(1, 9, D, dtype=torch.float64)
         later = x.clone()
         later[:, 3:] += 1.0
@@ -66,7 +60,7 @@ def test_scores_are_the_weights_the_forward_applies(name, causal):
     # the sparsity analysis measures are the rows the model uses. (Linear attention's ε in
     # its denominator is set to 0 so that the identity is exact.)
     overrides = {"eps": 0.0} if name == "linear" else {}
-    m = build(name, causal=causal, **overrides)
+    m = tiny_mixer(name, causal=causal, **overrides)
     x = torch.randn(2, 11, D, dtype=torch.float64)
     s = m.scores(x)
     P = s / s.sum(-1, keepdim=True)
@@ -78,7 +72,7 @@ def test_scores_are_the_weights_the_forward_applies(name, causal):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_crate_scores_are_the_weights_of_its_tied_attention(causal):
-    m = build("crate", causal=causal)
+    m = tiny_mixer("crate", causal=causal)
     x = torch.randn(2, 11, D, dtype=torch.float64)
     s = m.scores(x)
     w = m._w(x)  # CRATE's Q = K = V
@@ -89,7 +83,7 @@ def test_crate_scores_are_the_weights_of_its_tied_attention(causal):
 
 def test_softmax_scores_are_its_attention_probabilities():
     # The exp of the scaled logits, up to the per-row max: normalised, exactly softmax.
-    m = build("softmax", causal=True)
+    m = tiny_mixer("softmax", causal=True)
     x = torch.randn(1, 7, D, dtype=torch.float64)
     q, k, _ = m._heads(x)
     logits = (q @ k.transpose(-1, -2) / (m.d_head ** 0.5)).masked_fill(

@@ -12,15 +12,9 @@ import torch
 from seqmix import catalogue, mixers
 from seqmix.study.load import config_schema
 
-from .conftest import TINY_OPTIONS
+from .conftest import tiny_mixer
 
 D = 8
-
-
-def build(name: str, causal: bool = True, max_len: int = 16, dtype=torch.float64):
-    torch.manual_seed(0)
-    m = mixers.build(name, D, causal=causal, max_len=max_len, **TINY_OPTIONS.get(name, {}))
-    return m.to(dtype).eval()
 
 
 def with_flag(flag: str) -> list[str]:
@@ -40,7 +34,7 @@ def with_flag(flag: str) -> list[str]:
 @pytest.mark.parametrize("name", mixers.names())
 def test_shape_and_finite(name):
     cls = mixers.mixer_class(name)
-    m = build(name, causal=cls.supports_causal, dtype=torch.float32)
+    m = tiny_mixer(name, causal=cls.supports_causal, dtype=torch.float32)
     x = torch.randn(2, 11, D)
     y = m(x)
     assert y.shape == x.shape
@@ -49,7 +43,7 @@ def test_shape_and_finite(name):
 
 @pytest.mark.parametrize("name", with_flag("supports_causal"))
 def test_causal_output_ignores_the_future(name):
-    m = build(name)
+    m = tiny_mixer(name)
     L = 12
     x = torch.randn(2, L, D, dtype=torch.float64)
     y = m(x)
@@ -65,7 +59,7 @@ def test_causal_output_ignores_the_future(name):
 
 @pytest.mark.parametrize("name", with_flag("has_step"))
 def test_recurrent_step_equals_parallel_forward(name):
-    m = build(name)
+    m = tiny_mixer(name)
     B, L = 2, 13
     x = torch.randn(B, L, D, dtype=torch.float64)
     y = m(x)
@@ -80,7 +74,7 @@ def test_recurrent_step_equals_parallel_forward(name):
 @pytest.mark.parametrize("name", mixers.names())
 def test_gradcheck(name):
     cls = mixers.mixer_class(name)
-    m = build(name, causal=cls.supports_causal, max_len=5)
+    m = tiny_mixer(name, causal=cls.supports_causal, max_len=5)
     x = torch.randn(1, 5, D, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(m, (x,), eps=1e-6, atol=1e-5)
 
@@ -88,7 +82,7 @@ def test_gradcheck(name):
 @pytest.mark.parametrize("name", with_flag("has_scores"))
 def test_scores_are_nonnegative_and_causal(name):
     cls = mixers.mixer_class(name)
-    m = build(name, causal=cls.supports_causal)
+    m = tiny_mixer(name, causal=cls.supports_causal)
     L = 10
     s = m.scores(torch.randn(2, L, D, dtype=torch.float64))
     assert s.dim() == 4 and s.shape[0] == 2 and s.shape[-2:] == (L, L)

@@ -28,20 +28,11 @@ from seqmix.study.settings import StudyFile
 from seqmix.study.table import expand
 
 from .conftest import REPO
+from .helpers import flatten
 
 PAPER = REPO / "config" / "paper.yaml"
 SMOKE = REPO / "config" / "paper-smoke.yaml"
 QUICK = REPO / "config" / "config.yaml"
-
-
-def flatten(tree, prefix: str = "") -> dict[str, object]:
-    """Dotted keys of a nested mapping; lists and scalars are leaves (JSON-normalised)."""
-    if isinstance(tree, dict) and tree:
-        out = {}
-        for k, v in tree.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: json.loads(json.dumps(tree))}
 
 
 def defaults_for(raw: dict) -> dict:

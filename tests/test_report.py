@@ -128,9 +128,14 @@ def test_small_runs_are_not_testable_and_say_why(tmp_path):
 
 
 def test_claims_without_results_are_not_testable(tmp_path):
-    res = evaluate_claims(CLAIMS, fake_results(tmp_path))
-    assert (res.set_index("id").loc["softmax-quadratic"].verdict) == "not testable"
-    assert set(res.verdict) <= {"agrees", "disagrees", "inconclusive", "not testable"}
+    # WikiText-2 runs only: every claim but the gap, which reads them, lacks what it is
+    # judged on, and says what that is.
+    res = evaluate_claims(CLAIMS, fake_results(tmp_path)).set_index("id")
+    others = res.drop(index="grassmann-wikitext-gap")
+    assert len(others) == len(res) - 1 and (others.verdict == "not testable").all(), others.verdict
+    assert res.loc["softmax-quadratic"].why == "no complexity measurement"
+    assert all(why.strip() for why in others.why)
+    assert res.loc["grassmann-wikitext-gap"].verdict == "agrees"
 
 
 def _cost_fit(arch, measure, slope, local=None, kind="counted", **kw):

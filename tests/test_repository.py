@@ -1,49 +1,118 @@
-"""What the repository says about itself holds: CI lints and tests with the data mirror
-required, the tests that need the mirror skip without it locally and fail without it in
-CI, and every rule that runs a command names the conda environment."""
+"""What the repository says about itself holds: CI lints and tests with everything the suite
+needs required (a test that needs what is missing skips locally and fails in CI, and no test
+skips any other way), and every rule that runs a command names the conda environment."""
 
 from __future__ import annotations
 
-import os
+import ast
 import re
 import subprocess
-import sys
 
 import pytest
 
-from .conftest import REPO, REQUIRE_MIRROR_ENV
-
-# A test that needs nothing but the mirror fixture.
-NEEDS_MIRROR = "tests/test_data.py::test_the_trained_tokenizer_is_the_same_in_every_process"
+from .conftest import REQUIREMENTS, require_mirror, skip_or_fail
+from .helpers import REPO
 
 
-def run_pytest_without_mirror(tmp_path, **env) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k != REQUIRE_MIRROR_ENV}
-    environ.update({"SEQMIX_DATA_MIRROR": str(tmp_path / "no-mirror"), **env})
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", NEEDS_MIRROR],
-                          cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
-
-
-def test_without_a_mirror_a_test_that_needs_it_skips_locally(tmp_path):
-    proc = run_pytest_without_mirror(tmp_path)
-    assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout[-2000:]
-    assert "no data mirror" in proc.stdout
-
-
-def test_without_a_mirror_a_test_that_needs_it_fails_in_ci(tmp_path):
-    proc = run_pytest_without_mirror(tmp_path, **{REQUIRE_MIRROR_ENV: "1"})
-    assert proc.returncode != 0 and "1 error" in proc.stdout, proc.stdout[-2000:]
-    assert f"{REQUIRE_MIRROR_ENV}=1" in proc.stdout and "no data mirror" in proc.stdout
-
-
-def test_ci_lints_and_tests_with_the_mirror_required():
+def ci_commands() -> list[str]:
     script = (REPO / ".ci" / "run").read_text()
-    commands = [line.strip() for line in script.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    assert f"export {REQUIRE_MIRROR_ENV}=1" in commands
+    return [line.strip() for line in script.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_ci_requires_everything_the_suite_needs_lints_and_tests():
+    commands = ci_commands()
+    assert {f"export {env}=1" for env in REQUIREMENTS} <= set(commands), "a requirement .ci/run does not set"
     assert "time make lint" in commands and "time make test" in commands
     makefile = (REPO / "Makefile").read_text()
     lint = makefile.split("\nlint:")[1].split("\n\n")[0]
     assert "ruff check src kernels tests notebooks" in lint and "snakemake --lint" in lint
+    test = makefile.split("\ntest:")[1].split("\n\n")[0]
+    assert "--durations=30" in test, "CI prints the slowest tests (make test)"
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_a_missing_requirement_skips_locally_and_fails_in_ci(monkeypatch, tmp_path, required):
+    # What every test that needs one of REQUIREMENTS does when it is missing; the mirror, as
+    # its fixture finds it.
+    monkeypatch.setenv("SEQMIX_DATA_MIRROR", str(tmp_path / "no-mirror"))
+    for env in REQUIREMENTS:
+        monkeypatch.delenv(env, raising=False)
+    if required:
+        monkeypatch.setenv("SEQMIX_REQUIRE_MIRROR", "1")
+    with pytest.raises(pytest.fail.Exception if required else pytest.skip.Exception) as e:
+        require_mirror()
+    assert str(e.value).startswith(f"no data mirror at {tmp_path / 'no-mirror'}")
+    if required:
+        assert str(e.value).endswith("(SEQMIX_REQUIRE_MIRROR=1: this run must test the data layer)")
+    for env, what in REQUIREMENTS.items():
+        monkeypatch.setenv(env, "1" if required else "0")
+        with pytest.raises(pytest.fail.Exception if required else pytest.skip.Exception) as e:
+            skip_or_fail("it is missing", env)
+        assert str(e.value) == (f"it is missing ({env}=1: this run must test {what})" if required else "it is missing")
+
+
+# The ways a test can end without testing: pytest's skips, anywhere but in skip_or_fail, and
+# an xfail that is not strict (a strict one fails when it passes).
+SKIPS = {"skip", "importorskip", "skipif"}
+
+
+def unchecked_skips(source: str, name: str) -> tuple[list[str], set[str]]:
+    """The places in ``source`` (the file ``name``) where a test can skip without failing in
+    CI, and the requirements its skip_or_fail calls name (each must be one of REQUIREMENTS,
+    as a string or a module constant holding one)."""
+    tree = ast.parse(source)
+    constants = {n.targets[0].id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                 and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Constant)}
+    inside = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "skip_or_fail"
+              for n in ast.walk(f)}
+    found, named = [], set()
+    for node in ast.walk(tree):
+        if id(node) in inside:
+            continue
+        where = f"{name}:{getattr(node, 'lineno', '?')}"
+        skipping = (isinstance(node, ast.Call) and getattr(node.func, "attr", None) in SKIPS) or (
+            isinstance(node, ast.Attribute) and node.attr in SKIPS and getattr(node.value, "attr", None) == "mark")
+        if skipping:
+            found.append(f"{where}: {getattr(node, 'attr', None) or node.func.attr}")
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "xfail":
+            if not any(k.arg == "strict" and getattr(k.value, "value", None) is True for k in node.keywords):
+                found.append(f"{where}: an xfail that is not strict")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "skip_or_fail":
+            env = node.args[1] if len(node.args) > 1 else None
+            value = env.value if isinstance(env, ast.Constant) else getattr(env, "id", None)
+            value = constants.get(value, value)
+            if value in REQUIREMENTS:
+                named.add(value)
+            else:
+                found.append(f"{where}: skip_or_fail with {ast.unparse(env) if env else 'no variable'}, "
+                             "not one of conftest.REQUIREMENTS")
+    return found, named
+
+
+def test_no_test_skips_but_through_skip_or_fail_with_a_requirement_ci_sets():
+    found, named = [], set()
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path.name == "test_repository.py":  # it calls skip_or_fail with each requirement in turn
+            continue
+        more, names = unchecked_skips(path.read_text(), str(path.relative_to(REPO)))
+        found, named = found + more, named | names
+    assert not found, "tests that can skip in CI without failing:\n" + "\n".join(found)
+    assert named == set(REQUIREMENTS), f"requirements no test needs: {set(REQUIREMENTS) - named}"
+
+
+@pytest.mark.parametrize("form, flagged", [
+    ('pytest.importorskip("triton")', True),
+    ('pytest.skip("no GPU")', True),
+    ('@pytest.mark.skipif(True, reason="x")\ndef test_f(): pass', True),
+    ('@pytest.mark.xfail(reason="x")\ndef test_f(): pass', True),
+    ('skip_or_fail("no cluster", "SEQMIX_REQUIRE_NOTHING")', True),
+    ('skip_or_fail("no mirror", "SEQMIX_REQUIRE_MIRROR")', False),
+    ('ENV = "SEQMIX_REQUIRE_SLURM"\nskip_or_fail("no cluster", ENV)', False),
+    ('@pytest.mark.xfail(strict=True, reason="x")\ndef test_f(): pass', False),
+])
+def test_the_skip_scan_catches_what_it_is_for(form, flagged):
+    found, _ = unchecked_skips(form, "tests/test_x.py")
+    assert bool(found) == flagged, found
 
 
 def rules_of(text: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ import yaml
 from seqmix.slots import acquire, gpus, slot_dir
 
 from .conftest import tiny_config
-from .test_dag import copy_workflow, snakemake
+from .helpers import REPO, harness_env, slot_env, snakemake, tool_env
 
 
 def test_the_gpus_come_from_the_setting_then_the_visible_devices():
@@ -35,15 +35,10 @@ def test_slots_fill_every_gpu_before_a_second_job_goes_to_any():
         assert acquire(["g0", "g1"], Path(d))[:2] == ("g1", 0)
 
 
-def slot_env(tmp_path: Path, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("SEQMIX_GPUS", "CUDA_VISIBLE_DEVICES", "SEQMIX_GPU_SLOT")}
-    return {**env, "SEQMIX_SLOT_DIR": str(tmp_path / "slots"), **extra}
-
-
 def test_a_job_runs_pinned_and_holds_its_slot_until_it_ends_however_it_ends(tmp_path):
     show = [sys.executable, "-m", "seqmix.slots", sys.executable, "-c",
             "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['SEQMIX_GPU_SLOT'])"]
-    env = slot_env(tmp_path, SEQMIX_GPUS="a,b")
+    env = tool_env(slot_env(tmp_path, SEQMIX_GPUS="a,b"))
     assert subprocess.run(show, env=env, capture_output=True, text=True).stdout.split() == ["a", "a/0"]
     # A job that says which slot it holds, then sleeps on in it (exec keeps the lock).
     sleeper = subprocess.Popen([sys.executable, "-m", "seqmix.slots", "sh", "-c", 'echo "$SEQMIX_GPU_SLOT"; exec sleep 60'],
@@ -59,16 +54,16 @@ def test_a_job_runs_pinned_and_holds_its_slot_until_it_ends_however_it_ends(tmp_
     # No GPU: the command runs as it is, nothing pinned.
     bare = subprocess.run([sys.executable, "-m", "seqmix.slots", sys.executable, "-c",
                            "import os; print(os.environ.get('SEQMIX_GPU_SLOT'))"],
-                          env={**slot_env(tmp_path), "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True)
+                          env=tool_env(slot_env(tmp_path, CUDA_VISIBLE_DEVICES="")), capture_output=True, text=True)
     assert bare.stdout.split() == ["None"]
 
 
 def test_the_dag_packs_jobs_on_each_gpu_in_a_checkout_where_another_study_was_built(tmp_path):
-    """Two fake GPUs, two slots each (gpu_slots=4): the four training jobs of a study spread
-    over both, two at once on each, never three; in a working directory where another study
-    was built first, whose outputs stay as they were and which has nothing left to do
-    afterwards. A few minutes on a loaded 2-core machine: every job is a Python process."""
-    src = copy_workflow(tmp_path / "src")
+    """Two fake GPUs, two slots each (gpu_slots=4): the four training jobs of a study, each
+    held once it has its slot until all four have one (tests/harness/train.py), so that they
+    run at once however loaded the machine: they spread over both GPUs, two on each. In a
+    working directory where another study was built first, whose outputs stay as they were
+    and which has nothing left to do afterwards."""
     work = tmp_path / "work"
     work.mkdir()
     configs = {}
@@ -80,14 +75,16 @@ def test_the_dag_packs_jobs_on_each_gpu_in_a_checkout_where_another_study_was_bu
         configs[name] = work / f"{name}.yaml"
         configs[name].write_text(yaml.safe_dump(cfg))
     env = slot_env(tmp_path, SEQMIX_GPUS="fake0,fake1")
-    snakemake(src, work, "--configfile", str(configs["other"]), "--", "runs", env=env)
+    snakemake(REPO, work, "--configfile", str(configs["other"]), "--", "runs", env=env)
     other = {p: p.stat().st_mtime_ns for p in (work / "results" / "other").rglob("*") if p.is_file()}
-    snakemake(src, work, "--cores", "4", "--resources", "gpu_slots=4", "--set-threads", "train=1", "eval=1",
-              "--configfile", str(configs["packed"]), "--", "runs", env=env)
-    slots = [json.loads(p.read_text())["device"]["gpu_slot"]
-             for p in (work / "results" / "packed").rglob("provenance.json")]
-    assert len(slots) == 4 and {s.split("/")[0] for s in slots} == {"fake0", "fake1"}
-    assert max(int(s.split("/")[1]) for s in slots) == 1, slots  # two at once on a GPU, never three
+    held = tmp_path / "held"
+    snakemake(REPO, work, "--cores", "4", "--resources", "gpu_slots=4", "--set-threads", "train=1", "eval=1",
+              "--configfile", str(configs["packed"]), "--", "runs",
+              env={**env, **harness_env(SEQMIX_TEST_BARRIER=str(held), SEQMIX_TEST_BARRIER_COUNT="4")})
+    slots = sorted(json.loads(p.read_text())["device"]["gpu_slot"]
+                   for p in (work / "results" / "packed").rglob("provenance.json"))
+    assert slots == ["fake0/0", "fake0/1", "fake1/0", "fake1/1"], slots  # two at once on each GPU, never three
+    assert sorted((held / str(k)).read_text() for k in range(4)) == slots  # the slots the four held together
     assert {p: p.stat().st_mtime_ns for p in other} == other, "the other study's outputs changed"
-    rest = snakemake(src, work, "-n", "--configfile", str(configs["other"]), "--", "runs", env=env)
+    rest = snakemake(REPO, work, "-n", "--configfile", str(configs["other"]), "--", "runs", env=env)
     assert "Nothing to be done" in rest.stdout + rest.stderr

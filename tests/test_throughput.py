@@ -47,11 +47,14 @@ def test_cli_writes_the_csv_from_the_config_section(tmp_path):
     rows = list(csv.DictReader(out.open()))
     assert [r["arch"] for r in rows] == ["softmax", "tssa"]
     assert set(throughput.FIELDS) == set(rows[0])
-    assert float(rows[1]["ratio_to_softmax"]) > 0
+    # A median of per-round ratios: between the slowest and the fastest pairing of the rounds.
+    (soft, tssa), ratio = rows, float(rows[1]["ratio_to_softmax"])
+    lo = float(tssa["tokens_per_s_min"]) / float(soft["tokens_per_s_max"])
+    hi = float(tssa["tokens_per_s_max"]) / float(soft["tokens_per_s_min"])
+    assert lo <= ratio <= hi, (lo, ratio, hi)
 
 
-def test_a_missing_gpu_is_named_before_any_work():
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is visible")
+def test_a_missing_gpu_is_named_before_any_work(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # on any machine, one with a GPU too
     with pytest.raises(RuntimeError, match="'analysis.throughput.device' is 'cuda' but no GPU is visible"):
         throughput.resolve_device("cuda", "analysis.throughput.device")

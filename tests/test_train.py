@@ -7,11 +7,6 @@ import csv
 import dataclasses
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +20,7 @@ from seqmix.tasks import make_task
 from seqmix.train.evaluate import evaluate_run
 from seqmix.train.loop import LOG_FIELDS, train
 
-TIME_FIELDS = {"wall_time_s", "resumed_from_steps"}
-
-
-def spec_for(prepared: dict, task: str, arch: str, root: Path, **train_overrides):
-    cfg = copy.deepcopy(prepared)
-    cfg["results_dir"] = str(root)
-    cfg["tasks"][task]["train"].update(train_overrides)
-    return expand(validate_study(cfg)).run_spec(task, arch, 0)
-
+from .helpers import run_spec_in
 
 # What the tiny config's final evaluation scores on each split: WikiText-2 stops at its cap
 # (eval_max_tokens 256 = 16 windows of 16), SNLI at eval_max_examples 32, MQAR scores the
@@ -60,7 +47,7 @@ def check_evaluation(result: dict, metric: str, scored: int, split_size: int) ->
 
 @pytest.mark.parametrize("task", ["mqar", "wikitext2", "snli"])
 def test_a_run_writes_its_results(request, tmp_path, task):
-    spec = spec_for(prepared_for(request, task), task, "grassmann", tmp_path)
+    spec = run_spec_in(prepared_for(request, task), tmp_path, task, "grassmann")
     metrics = train(spec, progress=False)
     run = Path(spec.run_dir)
     for name in ("metrics.json", "log.csv", "config.json", "provenance.json", "model.pt"):
@@ -106,55 +93,14 @@ def test_an_uncapped_evaluation_scores_the_whole_split(request, tmp_path, task):
         check_evaluation(t.evaluate(model, split, 512, "cpu"), t.metric, sizes[split], sizes[split])
 
 
-def _run_cli(spec: dict) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "seqmix", "train", "--quiet", "--spec", spec.model_dump_json()],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_a_diverging_run_is_recorded_and_exits_cleanly(prepared_mqar, tmp_path, capsys):
+    from seqmix.cli import main as cli
 
-
-def test_a_killed_run_resumes_and_ends_like_an_uninterrupted_one(prepared_mqar, tmp_path):
-    # Long enough to be killed after its first checkpoint and before its end.
-    settings = dict(steps=400, checkpoint_every=20, eval_every=100, log_every=20)
-    killed = spec_for(prepared_mqar, "mqar", "softmax", tmp_path / "killed", **settings)
-    clean = spec_for(prepared_mqar, "mqar", "softmax", tmp_path / "clean", **settings)
-    ckpt = Path(killed.run_dir) / "checkpoints" / "last.pt"
-
-    proc = _run_cli(killed)
-    deadline = time.time() + 120
-    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run ended before it could be killed; make it longer"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert ckpt.exists() and not (Path(killed.run_dir) / "metrics.json").exists()
-    saved_step = torch.load(ckpt, weights_only=True)["state"]["step"]
-
-    resumed = _run_cli(killed)
-    _, err = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, err
-    assert f"resuming {killed.run_dir} from step {saved_step}" in err
-    uninterrupted = _run_cli(clean)
-    _, err = uninterrupted.communicate(timeout=300)
-    assert uninterrupted.returncode == 0, err
-
-    a = json.loads((Path(killed.run_dir) / "metrics.json").read_text())
-    b = json.loads((Path(clean.run_dir) / "metrics.json").read_text())
-    assert a["resumed_from_steps"] == [saved_step] and b["resumed_from_steps"] == []
-    strip = lambda m: {k: v for k, v in m.items() if k not in TIME_FIELDS}  # noqa: E731
-    assert strip(a) == strip(b)
-    wa = torch.load(Path(killed.run_dir) / "model.pt", weights_only=True)["model"]
-    wb = torch.load(Path(clean.run_dir) / "model.pt", weights_only=True)["model"]
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
-def test_a_diverging_run_is_recorded_and_exits_cleanly(prepared_mqar, tmp_path):
-    spec = spec_for(prepared_mqar, "mqar", "softmax", tmp_path, lr=1e6, grad_clip=0.0, steps=40, warmup_steps=0)
-    proc = _run_cli(spec)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
+    spec = run_spec_in(prepared_mqar, tmp_path, lr=1e6, grad_clip=0.0, steps=40, warmup_steps=0)
+    assert cli(["train", "--quiet", "--spec", spec.model_dump_json()]) == 0
+    assert "recording the run as diverged" in capsys.readouterr().err
     m = json.loads((Path(spec.run_dir) / "metrics.json").read_text())
     assert m["status"] == "diverged" and m["diverged_at_step"] is not None
-    assert "recording the run as diverged" in err
     ev = evaluate_run(spec.run_dir)
     assert ev["status"] == "diverged" and ev["splits"] == {}
 
@@ -208,8 +154,8 @@ def test_the_seeds_of_a_point_share_its_data_and_differ_in_init_and_batches(prep
     # seed reads the same data directory, generated once from the task's data_seed.
     cfg = copy.deepcopy(prepared_mqar)
     cfg["results_dir"], cfg["seeds"] = str(tmp_path), [0, 1]
-    study = validate_study(cfg)
-    specs = [expand(study).run_spec("mqar", "softmax", s) for s in (0, 1)]
+    expansion = expand(validate_study(cfg))
+    specs = [expansion.run_spec("mqar", "softmax", s) for s in (0, 1)]
     assert specs[0].data_dir == specs[1].data_dir and specs[0].settings == specs[1].settings
     assert specs[0].settings["data_seed"] == 1234 and specs[0].run_dir != specs[1].run_dir
     tasks = [make_task(s) for s in specs]
@@ -243,7 +189,7 @@ def test_collect_writes_each_runs_own_evaluation(prepared_mqar, tmp_path):
     from seqmix.io import columns
     from seqmix.report.collect import BreakdownRow, RunRow, collect
 
-    spec = spec_for(prepared_mqar, "mqar", "softmax", tmp_path, steps=30, eval_every=15, checkpoint_every=15)
+    spec = run_spec_in(prepared_mqar, tmp_path, "mqar", "softmax", steps=30, eval_every=15, checkpoint_every=15)
     train(spec, progress=False)
     ev = evaluate_run(spec.run_dir, device="cpu")
     assert ev["splits"]["validation"]["loss"] != ev["splits"]["test"]["loss"]  # else a swap could not show
@@ -272,7 +218,7 @@ def test_a_run_ends_solved_on_a_plateau_or_at_its_budget_and_says_which(request,
     rule = {"after": 10, "window": 5, "min_gain": 1.0}  # no run gains 1.0 in accuracy: stops at step 10
     cases = {"budget": ({}, 20), "solved": ({"early_stop": 0.0}, 5), "plateau": ({"plateau": rule}, 10)}
     for why, (overrides, step) in cases.items():
-        spec = spec_for(prepared, "mqar", "softmax", tmp_path / why, steps=20, eval_every=5, **overrides)
+        spec = run_spec_in(prepared, tmp_path / why, "mqar", "softmax", steps=20, eval_every=5, **overrides)
         metrics = train(spec, progress=False)
         assert (metrics["ended"], metrics["steps_completed"]) == (why, step), why
     assert metrics["plateau"] == rule and metrics["plateau_at_step"] == 10
@@ -307,19 +253,26 @@ def test_a_plateau_window_that_holds_no_evaluation_is_refused(prepared_mqar):
         validate_study(cfg)
 
 
-def test_the_compiled_step_gives_the_losses_of_eager_steps(prepared_mqar, tmp_path):
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_the_compiled_step_gives_the_losses_of_eager_steps(prepared_mqar, tmp_path, monkeypatch, backend):
     """``train.compile`` (torch.compile of the loss computation, fused AdamW) against the eager
     step over 20 steps of one run, every step's loss logged. Mamba: its fused CPU scan is a
     dispatch fast path, so the compiled steps take it as an opaque call (dispatch docstring).
-    Tolerance rtol 1e-5: the two steps compute the same sums in other orders (inductor's fused
-    kernels, the fused AdamW update), a few fp32 ulps (1.2e-7) apart per step, and 20 steps at
-    lr 3e-3 do not amplify that a hundredfold; a real difference (a skipped or doubled update,
-    another learning rate, a wrong gradient) moves the loss by more than the 1e-3 by which it
-    falls per step here."""
+    aot_eager traces the step (Dynamo) and its backward (AOTAutograd) as inductor does,
+    without inductor's C++ code generation (a minute on a cold 2-core machine); the slow
+    variant compiles with inductor itself, as training does. Tolerance rtol 1e-5: the two
+    steps compute the same sums in other orders (inductor's fused kernels, the fused AdamW
+    update), a few fp32 ulps (1.2e-7) apart per step, and 20 steps at lr 3e-3 do not amplify
+    that a hundredfold; a real difference (a skipped or doubled update, another learning
+    rate, a wrong gradient) moves the loss by more than the 1e-3 by which it falls per step
+    here."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: compile_(
+        fn, **kw, **({"mode": mode} if backend == "inductor" else {"backend": backend})))
     losses, records = {}, {}
     prepared = {**copy.deepcopy(prepared_mqar), "architectures": ["mamba"]}
     for compiled in (False, True):
-        spec = spec_for(prepared, "mqar", "mamba", tmp_path / f"compiled{int(compiled)}", steps=20, log_every=1,
+        spec = run_spec_in(prepared, tmp_path / f"compiled{int(compiled)}", "mqar", "mamba", steps=20, log_every=1,
                         eval_every=20, checkpoint_every=20, compile=compiled)
         train(spec, progress=False)
         rows = list(csv.DictReader(open(Path(spec.run_dir) / "log.csv")))

@@ -1,5 +1,5 @@
-"""Mixer-specific tests for linear, performer, sliding_window, bigbird, linformer and crate
-(the generic properties live in tests/test_mixers.py).
+"""Mixer-specific tests for softmax, linear, performer, sliding_window, bigbird, linformer and
+crate (the generic properties live in tests/test_mixers.py).
 
 Fast path == reference: fp64, forward at 1e-12 and input gradients at 1e-10 (the two paths
 add the same terms in a different order, so they agree to rounding; a wrong mask, a missed
@@ -23,8 +23,8 @@ from seqmix.models.blocks import Block
 from seqmix.models.lm import CausalLM, LMConfig
 
 from .conftest import OutputSizes
-
-F64 = torch.float64
+from .helpers import F64
+from .helpers import assert_same_fwd_bwd as same_fwd_bwd
 
 
 def rand(*shape, scale=1.0, positive=False, seed=0):
@@ -33,16 +33,57 @@ def rand(*shape, scale=1.0, positive=False, seed=0):
     return (t * scale).requires_grad_()
 
 
-def assert_same_fwd_bwd(fast, ref, inputs, atol_fwd=1e-12, atol_bwd=1e-10):
-    """fast(*inputs) == ref(*inputs), and so are the gradients of a random projection."""
-    y_fast, y_ref = fast(*inputs), ref(*inputs)
-    torch.testing.assert_close(y_fast, y_ref, atol=atol_fwd, rtol=0)
-    w = torch.randn_like(y_ref)
-    g_fast = torch.autograd.grad((y_fast * w).sum(), inputs)
-    g_ref = torch.autograd.grad((y_ref * w).sum(), inputs)
-    for a, b in zip(g_fast, g_ref):
-        assert torch.isfinite(a).all()
-        torch.testing.assert_close(a, b, atol=atol_bwd, rtol=0)
+def assert_same_fwd_bwd(fast, ref, inputs):
+    """At this module's fp64 tolerances (its docstring)."""
+    same_fwd_bwd(fast, ref, inputs, atol=1e-12, grad_atol=1e-10)
+
+
+def with_weights(m: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """x and every weight of ``m``: the inputs whose gradients a comparison checks."""
+    return [x.requires_grad_(), *m.parameters()]
+
+
+# --------------------------------------------------------------------------------- softmax
+
+
+def written_out_attention(q, k, v, causal: bool) -> torch.Tensor:
+    """softmax(q kᵀ / √d_head) v, the causal mask as -inf above the diagonal: (B, H, L, Dh)."""
+    L = q.shape[-2]
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        logits = logits.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), -math.inf)
+    return torch.softmax(logits, dim=-1) @ v
+
+
+def heads_of(t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    B, L, D = t.shape
+    return t.view(B, L, n_heads, D // n_heads).transpose(1, 2)
+
+
+def merged(y: torch.Tensor) -> torch.Tensor:
+    B, H, L, Dh = y.shape
+    return y.transpose(1, 2).reshape(B, L, H * Dh)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("L", [1, 7, 16])
+def test_softmax_sdpa_equals_written_out_attention(causal, L):
+    """The mixer's fast path (scaled_dot_product_attention) against the attention written out
+    here on its own projections, forward and backward (the input and every weight); and the
+    plain reference beside it in the module (its ``step`` uses it) against the same."""
+    from seqmix.mixers.softmax import attention_reference
+
+    torch.manual_seed(L)
+    m = mixers.build("softmax", 12, causal=causal, n_heads=3).to(F64)
+
+    def written_out(x, *weights):
+        q, k, v = (heads_of(proj(x), 3) for proj in (m.q_proj, m.k_proj, m.v_proj))
+        return m.out_proj(merged(written_out_attention(q, k, v, causal)))
+
+    assert_same_fwd_bwd(lambda x, *w: m(x), written_out, with_weights(m, torch.randn(2, L, 12, dtype=F64)))
+    q, k, v = (rand(2, 3, L, 4, seed=s) for s in range(3))
+    assert_same_fwd_bwd(lambda *t: attention_reference(*t, causal), lambda *t: written_out_attention(*t, causal),
+                        (q, k, v))
 
 
 # ---------------------------------------------------------------------------------- linear
@@ -63,15 +104,22 @@ def test_linear_chunked_equals_dense_reference(L, chunk):
     )
 
 
-def test_linear_scores_normalise_to_the_forward():
-    """Row-normalised scores times v is the attention (up to ε): scores are what it uses."""
+def test_linear_scores_are_a_kernel_of_the_two_tokens_alone():
+    """s[t, j] = φ(q_t)·φ(k_j) (Katharopoulos et al. 2020): a pair's score reads tokens t and j
+    only, is positive for every past pair (φ = elu + 1 > 0) and zero for every future one.
+    Scores normalised over the row, or shifted by a row maximum as softmax's are, move when a
+    third token moves. (That the rows, normalised, are the weights the forward applies is
+    tests/test_mixer_contracts.py's.)"""
     m = mixers.build("linear", 8, n_heads=2, chunk_size=4).to(F64)
-    x = torch.randn(2, 9, 8, dtype=F64)
-    s = m.scores(x)
-    q, k, v = m._features(x)
-    torch.testing.assert_close(s, (q @ k.transpose(-1, -2)).tril())
-    y = (s @ v) / (s.sum(-1, keepdim=True) + m.options.eps)
-    torch.testing.assert_close(m.out_proj(y.transpose(1, 2).reshape(2, 9, 8)), m(x), atol=1e-12, rtol=0)
+    x = torch.randn(1, 9, 8, dtype=F64)
+    moved = x.clone()
+    moved[:, 4] = 3 * torch.randn(8, dtype=F64)
+    s, s_moved = m.scores(x), m.scores(moved)
+    rest = torch.tensor([t for t in range(9) if t != 4])
+    torch.testing.assert_close(s_moved[..., rest, :][..., rest], s[..., rest, :][..., rest], atol=1e-12, rtol=0)
+    assert not torch.allclose(s_moved[..., 4, :4], s[..., 4, :4]) and not torch.allclose(s_moved[..., 5:, 4], s[..., 5:, 4])
+    past = torch.ones(9, 9, dtype=torch.bool).tril()
+    assert (s[..., past] > 0).all() and (s[..., ~past] == 0).all()
 
 
 # ------------------------------------------------------------------------------- performer
@@ -408,20 +456,37 @@ def test_linformer_refuses_causal_and_needs_max_len():
     assert shared.F is None
 
 
-def test_linformer_short_sequence_equals_zero_padded_keys():
-    """L < max_len uses the first L columns of E, F: the same as zero K, V rows up to max_len."""
-    torch.manual_seed(0)
-    m = mixers.build("linformer", 8, causal=False, max_len=12, n_heads=2, k=5).to(F64)
-    x = torch.randn(2, 7, 8, dtype=F64)
-    q, k, v = (getattr(m, f"{n}_proj")(x).view(2, 7, 2, 4).transpose(1, 2) for n in "qkv")
-    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, 5))  # noqa: E731
-    from seqmix.mixers.linformer import linformer_attention
+def linformer_written_out(m, x: torch.Tensor) -> torch.Tensor:
+    """Linformer as its paper writes it (Wang et al. 2020, eq. 7): per head,
+    softmax(Q (E K)ᵀ / √d_head) (F V) with E, F ∈ R^{k×n} whole, n = max_len, and K, V padded
+    with zero rows from L up to n (a shorter sequence is a padded one)."""
+    B, L, D = x.shape
+    H, Dh, n = m.n_heads, m.d_head, m.max_len
+    padded = lambda t: torch.cat([t, t.new_zeros(B, n - L, D)], dim=1)  # noqa: E731
+    Q, K, V = m.q_proj(x), padded(m.k_proj(x)), padded(m.v_proj(x))
+    E = m.E
+    F = m.E if m.F is None else m.F
+    heads = []
+    for h in range(H):
+        c = slice(h * Dh, (h + 1) * Dh)
+        logits = Q[..., c] @ (E @ K[..., c]).transpose(-1, -2) / math.sqrt(Dh)  # (B, L, k)
+        heads.append(torch.softmax(logits, dim=-1) @ (F @ V[..., c]))
+    return m.out_proj(torch.cat(heads, dim=-1))
 
-    y = linformer_attention(q, pad(k), pad(v), m.E, m.F)
-    torch.testing.assert_close(m(x), m.out_proj(y.transpose(1, 2).reshape(2, 7, 8)), atol=1e-12, rtol=0)
-    x2 = x.clone()
-    x2[:, -1] += 1.0
-    assert not torch.allclose(m(x2)[:, 0], m(x)[:, 0]), "non-causal: the last token reaches the first"
+
+@pytest.mark.parametrize("share_kv", [False, True])
+@pytest.mark.parametrize("L", [1, 7, 12])
+def test_linformer_equals_the_papers_attention_with_zero_padded_keys(L, share_kv):
+    """Forward and backward (the input, the projections, E and F) against the paper's form
+    written out above; L < max_len uses the first L columns of E, F."""
+    torch.manual_seed(L)
+    m = mixers.build("linformer", 8, causal=False, max_len=12, n_heads=2, k=5, share_kv=share_kv).to(F64)
+    x = torch.randn(2, L, 8, dtype=F64)
+    assert_same_fwd_bwd(lambda x, *w: m(x), lambda x, *w: linformer_written_out(m, x), with_weights(m, x))
+    if L > 1:
+        later = x.clone()
+        later[:, -1] += 1.0
+        assert not torch.allclose(m(later)[:, 0], m(x)[:, 0]), "non-causal: the last token reaches the first"
 
 
 # ----------------------------------------------------------------------------------- crate
@@ -440,12 +505,25 @@ def test_ista_formula_by_hand():
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_crate_sdpa_equals_written_out_mssa(causal):
-    m = mixers.build("crate", 8, causal=causal, n_heads=2).to(F64)
-    x = torch.randn(2, 7, 8, dtype=F64)
-    torch.testing.assert_close(m(x), m.forward_reference(x), atol=1e-12, rtol=0)
+@pytest.mark.parametrize("L,n_heads,dim_head", [(1, 2, None), (7, 2, None), (9, 3, 5), (6, 1, 8)])
+def test_crate_sdpa_equals_written_out_mssa(causal, L, n_heads, dim_head):
+    """MSSA (Yu et al. 2023): softmax(w wᵀ / √dim_head) w with Q = K = V = w = U x, written out
+    here, against the mixer's fast path (SDPA), forward and backward (the input and every
+    weight); and the module's plain reference against the same. Heads whose width is not
+    d / heads (dim_head 5), and one head as wide as d (no output projection)."""
+    torch.manual_seed(L)
+    m = mixers.build("crate", 8, causal=causal, n_heads=n_heads, dim_head=dim_head).to(F64)
     assert m.qkv.bias is None, "the tied projection has no bias"
-    assert set(dict(m.named_parameters())) == {"qkv.weight", "to_out.weight", "to_out.bias"}
+    expected = {"qkv.weight"} | ({"to_out.weight", "to_out.bias"} if (n_heads, dim_head) != (1, 8) else set())
+    assert set(dict(m.named_parameters())) == expected
+
+    def written_out(x, *weights):
+        w = heads_of(m.qkv(x), n_heads)
+        return m.to_out(merged(written_out_attention(w, w, w, causal)))
+
+    x = torch.randn(2, L, 8, dtype=F64)
+    assert_same_fwd_bwd(lambda x, *w: m(x), written_out, with_weights(m, x))
+    assert_same_fwd_bwd(lambda x, *w: m.forward_reference(x), written_out, with_weights(m, x))
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])

@@ -34,20 +34,7 @@ from seqmix.study.settings import TrainSettings
 from seqmix.train.step import make_optimizer
 
 from .conftest import OutputSizes, skip_or_fail
-
-F64 = torch.float64
-
-
-def grads(out: torch.Tensor, inputs, seed: int = 0) -> list[torch.Tensor]:
-    """Gradients of <out, g> for a fixed random cotangent g."""
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
-    return list(torch.autograd.grad(out, inputs, g))
-
-
-def assert_all_close(xs, ys, atol, rtol=0.0):
-    for x, y in zip(xs, ys, strict=True):
-        torch.testing.assert_close(x, y, atol=atol, rtol=rtol)
-
+from .helpers import F64, assert_close_fwd_bwd, grads, scan_inputs
 
 # ----------------------------------------------------------------------------- GLA (Yang et al. 2024)
 
@@ -81,8 +68,7 @@ def test_gla_chunk_equals_recurrent_fp64(B, H, L, Dk, Dv, C, gate):
     inputs = gla_inputs(B, H, L, Dk, Dv, gate)
     ref = gla_recurrent_reference(*inputs)
     out = gla_chunk_reference(*inputs, chunk_size=C)
-    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
-    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-10)
+    assert_close_fwd_bwd(out, ref, inputs, atol=1e-10)
 
 
 @pytest.mark.parametrize("gate", ["fla", "strong"])
@@ -90,8 +76,7 @@ def test_gla_chunk_equals_recurrent_fp32(gate):
     inputs = gla_inputs(2, 2, 150, 8, 8, gate, dtype=torch.float32)
     ref = gla_recurrent_reference(*inputs)
     out = gla_chunk_reference(*inputs, chunk_size=64)
-    torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-3)
-    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-3, rtol=1e-3)
+    assert_close_fwd_bwd(out, ref, inputs, atol=1e-3, rtol=1e-3)
 
 
 HIERARCHICAL_SHAPES = [  # B, H, L, Dk, Dv, chunk (a power of two)
@@ -103,20 +88,13 @@ HIERARCHICAL_SHAPES = [  # B, H, L, Dk, Dv, chunk (a power of two)
 ]
 
 
-def grads_allow_unused(out, inputs, seed=0):
-    # At L = 1 the hierarchical form never reads log α (its gradient is 0 either way).
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
-    return list(torch.autograd.grad(out, inputs, g, allow_unused=True, materialize_grads=True))
-
-
 @pytest.mark.parametrize("gate", ["fla", "strong", "none"])
 @pytest.mark.parametrize("B,H,L,Dk,Dv,C", HIERARCHICAL_SHAPES)
 def test_gla_hierarchical_equals_recurrent_fp64(B, H, L, Dk, Dv, C, gate):
     inputs = gla_inputs(B, H, L, Dk, Dv, gate)
     ref = gla_recurrent_reference(*inputs)
     out = gla_chunk_hierarchical(*inputs, chunk_size=C)
-    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
-    assert_all_close(grads_allow_unused(out, inputs), grads_allow_unused(ref, inputs), atol=1e-10)
+    assert_close_fwd_bwd(out, ref, inputs, atol=1e-10)
 
 
 def test_gla_hierarchical_strong_decay_fp32_and_mixer_dispatch():
@@ -124,8 +102,7 @@ def test_gla_hierarchical_strong_decay_fp32_and_mixer_dispatch():
     inputs = gla_inputs(2, 2, 150, 8, 8, "strong", dtype=torch.float32)
     out = gla_chunk_hierarchical(*inputs, chunk_size=64)
     ref = gla_recurrent_reference(*inputs)
-    torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-3)
-    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-3, rtol=1e-3)
+    assert_close_fwd_bwd(out, ref, inputs, atol=1e-3, rtol=1e-3)
     # The mixer takes the hierarchical form for a power-of-two chunk, the secondary-chunk
     # form otherwise; both give the recurrent reference.
     x = torch.randn(2, 21, 16, dtype=F64)
@@ -177,19 +154,6 @@ def test_gla_mixer_shapes_and_gate_range():
 # ----------------------------------------------------------------------------- Mamba (Gu & Dao 2023)
 
 
-def scan_inputs(Bt, D, N, L, dtype=F64, seed=0, strong=False):
-    g = torch.Generator().manual_seed(seed)
-    u = torch.randn(Bt, D, L, generator=g, dtype=dtype)
-    scale = 3.0 if strong else 0.2
-    delta = scale * torch.rand(Bt, D, L, generator=g, dtype=dtype)  # Δ > 0 after softplus
-    A = -torch.arange(1, N + 1, dtype=dtype).repeat(D, 1) * (
-        0.5 + torch.rand(D, 1, generator=g, dtype=dtype)
-    )
-    B, C = (torch.randn(Bt, N, L, generator=g, dtype=dtype) for _ in range(2))
-    Dskip = torch.randn(D, generator=g, dtype=dtype)
-    return [t.requires_grad_() for t in (u, delta, A, B, C, Dskip)]
-
-
 @pytest.mark.parametrize("strong", [False, True])
 @pytest.mark.parametrize(
     "Bt,D,N,L,chunk",
@@ -203,35 +167,25 @@ def scan_inputs(Bt, D, N, L, dtype=F64, seed=0, strong=False):
     ],
 )
 def test_selective_scan_chunked_equals_reference(Bt, D, N, L, chunk, strong):
-    inputs = scan_inputs(Bt, D, N, L, strong=strong)
+    inputs, _ = scan_inputs(Bt, D, N, L, strong=strong)
     ref = selective_scan_reference(*inputs)
     out = selective_scan_chunked(*inputs, chunk_size=chunk)
-    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
-    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-10)
+    assert_close_fwd_bwd(out, ref, inputs, atol=1e-10)
 
 
 def test_selective_scan_chunked_fp32_and_without_D():
-    inputs = scan_inputs(2, 4, 16, 200, dtype=torch.float32, strong=True)
-    inputs[-1] = None
+    inputs, _ = scan_inputs(2, 4, 16, 200, dtype=torch.float32, strong=True)
+    inputs[-1] = None  # no D
     ref = selective_scan_reference(*inputs)
     out = selective_scan_chunked(*inputs, chunk_size=64)
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    given = inputs[:-1]  # the hand-written backward, in fp32 too
-    assert_all_close(grads(out, given), grads(ref, given), atol=1e-3, rtol=1e-3)
-
-
-def with_gate(inputs, seed=1):
-    """The inputs plus z (Bt, D, L): the SiLU gate the layer applies inside the scan."""
-    z = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(seed), dtype=inputs[0].dtype)
-    return [*inputs, z.requires_grad_()]
+    assert_close_fwd_bwd(out, ref, inputs, atol=1e-4, rtol=1e-4, grad_atol=1e-3, grad_rtol=1e-3)  # the backward too
 
 
 def test_selective_scan_chunked_gate_equals_reference():
-    inputs = with_gate(scan_inputs(2, 3, 4, 21))
+    inputs, _ = scan_inputs(2, 3, 4, 21, gate=True)
     ref = selective_scan_reference(*inputs)
     out = selective_scan_chunked(*inputs, chunk_size=8)
-    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
-    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-10)
+    assert_close_fwd_bwd(out, ref, inputs, atol=1e-10)
 
 
 # Set by CI (.ci/run): there a fused CPU scan that cannot be built is a failure, not a skip.
@@ -262,29 +216,25 @@ def fused_scan():
     ],
 )
 def test_selective_scan_fused_equals_reference(fused_scan, Bt, D, N, L, strong):
-    inputs = scan_inputs(Bt, D, N, L, strong=strong)
+    inputs, _ = scan_inputs(Bt, D, N, L, strong=strong)
     ref = selective_scan_reference(*inputs)
     out = fused_scan(*inputs)
-    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
-    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-10)
+    assert_close_fwd_bwd(out, ref, inputs, atol=1e-10)
 
 
 def test_selective_scan_fused_fp32_and_without_D(fused_scan):
-    inputs = scan_inputs(2, 4, 16, 200, dtype=torch.float32, strong=True)
-    inputs[-1] = None
+    inputs, _ = scan_inputs(2, 4, 16, 200, dtype=torch.float32, strong=True)
+    inputs[-1] = None  # no D
     ref = selective_scan_reference(*inputs)
     out = fused_scan(*inputs)
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    given = inputs[:-1]
-    assert_all_close(grads(out, given), grads(ref, given), atol=1e-3, rtol=1e-3)
+    assert_close_fwd_bwd(out, ref, inputs, atol=1e-4, rtol=1e-4, grad_atol=1e-3, grad_rtol=1e-3)
 
 
 def test_selective_scan_fused_gate_equals_reference(fused_scan):
-    inputs = with_gate(scan_inputs(2, 3, 4, 21))
+    inputs, _ = scan_inputs(2, 3, 4, 21, gate=True)
     ref = selective_scan_reference(*inputs)
     out = fused_scan(*inputs)
-    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
-    assert_all_close(grads(out, inputs), grads(ref, inputs), atol=1e-10)
+    assert_close_fwd_bwd(out, ref, inputs, atol=1e-10)
 
 
 def test_mamba_layer_takes_the_fused_scan_on_cpu_and_matches_the_eager_one(fused_scan):
@@ -300,8 +250,7 @@ def test_mamba_layer_takes_the_fused_scan_on_cpu_and_matches_the_eager_one(fused
         eager = layer(u)
     assert any("selective_scan_cpu" in e.name for e in prof.events())
     assert fused_run.taken() == {"mamba": "fused_cpu"} and eager_run.taken() == {"mamba": "reference"}
-    torch.testing.assert_close(fast, eager, atol=1e-10, rtol=0)
-    assert_all_close(grads(fast, params), grads(eager, params), atol=1e-10)
+    assert_close_fwd_bwd(fast, eager, params, atol=1e-10)
 
 
 def test_linear_scan_custom_backward_gradcheck():
@@ -318,8 +267,7 @@ def test_linear_scan_equals_reference(L, chunk):
     a = torch.rand(L, 2, 3, generator=g, dtype=F64).requires_grad_()
     b = torch.randn(L, 2, 3, generator=g, dtype=F64).requires_grad_()
     out, ref = linear_scan(a, b, chunk), linear_scan_reference(a, b)
-    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
-    assert_all_close(grads(out, [a, b]), grads(ref, [a, b]), atol=1e-12)
+    assert_close_fwd_bwd(out, ref, [a, b], atol=1e-12)
 
 
 def test_linear_scan_leaves_its_inputs_untouched():
@@ -353,8 +301,7 @@ def test_fft_conv_backward_and_skip_equal_direct_sum(L):
     skip = torch.randn(3, 1, generator=g, dtype=F64).requires_grad_()
     fast = causal_fft_conv(u, kernel, skip)
     ref = causal_conv_reference(u, kernel) + skip[..., None] * u
-    torch.testing.assert_close(fast, ref, atol=1e-12, rtol=0)
-    assert_all_close(grads(fast, [u, kernel, skip]), grads(ref, [u, kernel, skip]), atol=1e-12)
+    assert_close_fwd_bwd(fast, ref, [u, kernel, skip], atol=1e-12)
 
 
 @pytest.mark.parametrize("L", [1, 2, 10, 37, 64])
@@ -368,8 +315,7 @@ def test_s4d_kernel_from_parameters_equals_the_composition(L):
         for p in params:
             p.add_(0.3 * torch.randn_like(p))
     fast, ref = s4d_kernel_from_parameters(*params, L), s4d_kernel(*m._diag_ssm(), L)
-    torch.testing.assert_close(fast, ref, atol=1e-12, rtol=0)
-    assert_all_close(grads(fast, params), grads(ref, params), atol=1e-10)
+    assert_close_fwd_bwd(fast, ref, params, atol=1e-12, grad_atol=1e-10)
     if L == 10:
         assert torch.autograd.gradcheck(lambda *t: s4d_kernel_from_parameters(*t, L), tuple(params))
 
@@ -404,8 +350,7 @@ def test_h3_fft_forward_equals_recurrence(d, d_state, head_dim, L):
     x = torch.randn(2, L, d, dtype=F64, requires_grad=True)
     params = [x, *m.parameters()]
     fast, ref = m(x), m.forward_recurrent(x)
-    torch.testing.assert_close(fast, ref, atol=1e-10, rtol=0)
-    assert_all_close(grads(fast, params), grads(ref, params), atol=1e-10)
+    assert_close_fwd_bwd(fast, ref, params, atol=1e-10)
 
 
 def test_h3_fp32_forward_matches_fp64_recurrence():
@@ -582,7 +527,7 @@ def _gla_case(fn):
 
 
 def _scan_case(L):
-    inputs = scan_inputs(1, 4, 4, L, dtype=torch.float32)
+    inputs, _ = scan_inputs(1, 4, 4, L, dtype=torch.float32)
     return selective_scan_chunked(*inputs, chunk_size=8), inputs
 
 
