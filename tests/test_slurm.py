@@ -236,8 +236,7 @@ def held_then_cancelled(proc: subprocess.Popen, env: dict, marker: Path) -> str:
     return job
 
 
-def test_jobs_go_through_sbatch_as_declared_and_a_cancelled_training_resumes_to_the_same_model(slurm, tmp_path,
-                                                                                               monkeypatch):
+def test_jobs_go_through_sbatch_as_declared_and_a_cancelled_training_resumes_to_the_same_model(slurm, tmp_path):
     work = copy_workflow(tmp_path / "repo")
     config, cfg = cluster_config(work)
     planned = declared(job_blocks(dry_run(work, slurm, config, targets=TARGETS)))
@@ -300,12 +299,11 @@ def test_jobs_go_through_sbatch_as_declared_and_a_cancelled_training_resumes_to_
     train_log = (work / "results" / "logs" / "train" / "mqar" / "softmax" / "seed0.log").read_text()
     assert f"resuming {RUN} from step 3" in train_log
     # ... and ended bitwise equal to an uninterrupted run (trained here, without SLURM, from
-    # the working directory, as the job was).
-    from seqmix.train.loop import train as train_run
-
-    monkeypatch.chdir(work)
+    # the working directory, as the job was: by the command, which pins the study's numerics).
     reference = run_spec_in(cfg, "reference")
-    train_run(reference, progress=False)
+    proc = subprocess.run([sys.executable, "-m", "seqmix", "train", "--quiet", "--spec", reference.model_dump_json()],
+                          cwd=work, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     clean = json.loads((work / reference.run_dir / "metrics.json").read_text())
     assert clean["resumed_from_steps"] == [] and without_time(metrics) == without_time(clean)
     a = torch.load(work / RUN / "model.pt", weights_only=True)["model"]
