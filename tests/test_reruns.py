@@ -1,8 +1,8 @@
 """A result is never older than the code it names (seqmix.sources): a job's code is found from
 the imports of what it runs, as one digest; a run is identified by it, so that a checkpoint
 made by other code is never resumed; and on a finished study a functional edit reruns exactly
-the jobs whose code it changes, which retrain, while an edit that changes no code (a comment,
-a docstring) reruns nothing."""
+the jobs whose code it changes, which retrain. Digests are of the files' bytes: a comment edit
+reruns what the file reaches like any other, a bare touch nothing."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ for _name, _nb in NOTEBOOKS.items():
             notebook=str(REPO / "notebooks" / f"{_name}.ipynb"),
             papermill=_nb.papermill_args(),
             # The digest of its code: its cells and the modules they import, transitively
-            # (seqmix.sources); an edit to any (a comment aside) reruns it.
+            # (seqmix.sources); an edit to any (a comment included) reruns it.
             code=_nb.code,
         log:
             log_file("notebook", _name),

@@ -267,7 +267,7 @@ class Jobs:
 
     def code_digest(self, job: str, name: str | None = None, arch: str | None = None) -> str:
         """The digest of a job's code (``code``), which every rule takes as a param: an edit to
-        one of its files (not a comment) reruns the job, and nothing else; the train command
+        one of its files (a comment included) reruns the job, and nothing else; the train command
         also receives it and is identified by it (seqmix.train.loop.run_code). A param, not the
         files as inputs: ~50 files times hundreds of jobs as inputs cost Snakemake's scheduler
         half a core in `make report` (it sizes every ready job's inputs each round)."""
