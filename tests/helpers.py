@@ -245,6 +245,18 @@ def harness_env(**extra: str) -> dict[str, str]:
     return {"PATH": path, "SEQMIX_TEST_PYTHON": sys.executable, **extra}
 
 
+def wait_until_held(proc: subprocess.Popen, marker: Path, who: str) -> None:
+    """Wait until a process held by the harness has written ``marker``; fail the test if
+    ``proc`` (``who``: what it is, for the message) ends first, with its stderr if piped."""
+    while not marker.exists():
+        try:
+            proc.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            continue
+        stderr = f": {proc.stderr.read()[-3000:]}" if proc.stderr else ""
+        raise AssertionError(f"{who} ended (status {proc.returncode}) before it held{stderr}")
+
+
 def slot_env(tmp_path: Path, **extra) -> dict:
     """For tool_env: no GPU setting of this environment's (None unsets it), GPU slots kept
     under ``tmp_path``, and ``extra``."""

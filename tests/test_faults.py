@@ -48,11 +48,11 @@ from seqmix.train import checkpoint, loop
 from seqmix.train.evaluate import evaluate_run
 
 from .conftest import skip_or_fail, tiny_config
-from .helpers import REPO, assert_same_run, digest, log_rows, run_spec_in
+from .helpers import HARNESS, REPO, assert_same_run, digest, log_rows, run_spec_in, wait_until_held
 
 REQUIRE_NAMESPACE_ENV = "SEQMIX_REQUIRE_NAMESPACE"  # CI sets it: a real full disk must be tested there
 OUTPUTS = ("metrics.json", "model.pt", "log.csv", "provenance.json", "config.json")  # the train rule's
-HOLDING_TRAINER = REPO / "tests" / "harness" / "train.py"
+HOLDING_TRAINER = HARNESS / "train.py"
 
 
 # ------------------------------------------------------------------------------------------
@@ -179,12 +179,7 @@ def holding_trainer(spec, marker: Path, after: int = 1) -> subprocess.Popen:
 def held(proc: subprocess.Popen, marker: Path) -> int:
     """The step at which ``proc`` holds, once it has written ``marker`` (it fails the test if
     the process ends instead)."""
-    while not marker.exists():
-        try:
-            proc.wait(timeout=0.05)
-        except subprocess.TimeoutExpired:
-            continue
-        raise AssertionError(f"the trainer ended (status {proc.returncode}) before it held: {proc.stderr.read()[-3000:]}")
+    wait_until_held(proc, marker, "the trainer")
     return int(marker.read_text())
 
 

@@ -31,7 +31,15 @@ import torch
 import yaml
 
 from .conftest import skip_or_fail, tiny_config
-from .helpers import REPO, copy_workflow, harness_env, run_spec_in, tool_env, without_time
+from .helpers import (
+    REPO,
+    copy_workflow,
+    harness_env,
+    run_spec_in,
+    tool_env,
+    wait_until_held,
+    without_time,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -222,12 +230,7 @@ def cluster_config(work: Path) -> tuple[str, dict]:
 def held_then_cancelled(proc: subprocess.Popen, env: dict, marker: Path) -> str:
     """Wait until the training job holds (it wrote ``marker``: its first checkpoint is saved)
     and cancel it; its SLURM id. Fails if snakemake ends first."""
-    while not marker.exists():
-        try:
-            proc.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            continue
-        raise AssertionError(f"snakemake ended (status {proc.returncode}) before the training job held")
+    wait_until_held(proc, marker, "snakemake (its training job)")
     out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k"], capture_output=True, text=True,
                          env=env, check=True).stdout
     (job,) = [j for j, note in (line.split("|") for line in out.splitlines())
