@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from seqmix.train.provenance import cpu_name
+from seqmix import numerics
 from tools.docs import splice
 
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             times[(name, "hit")].append(dry_run(path, args.python, args.configfile))
     profile = args.configfile or "config/config.yaml"
     head = (f"`snakemake -n` on {profile}, {args.rounds} alternated rounds (each a miss, then a hit), "
-            f"on {cpu_name()} ({platform.node()}, {os.cpu_count()} cores), medians in seconds.")
+            f"on {numerics.cpu_model()} ({platform.node()}, {os.cpu_count()} cores), medians in seconds.")
     lines = ["| checkout | commit | miss | hit | misses | hits |", "|---|---|---|---|---|---|"]
     for name, path in checkouts.items():
         miss, hit = times[(name, "miss")], times[(name, "hit")]
