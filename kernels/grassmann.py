@@ -36,6 +36,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import FakeTensor
+
 from seqmix.kernels._common import (
     check_same_device,
     compute_dtype,
@@ -44,7 +46,6 @@ from seqmix.kernels._common import (
     next_pow2,
     sm_count,
 )
-from torch._subclasses.fake_tensor import FakeTensor
 
 # ---------------------------------------------------------------------------------------
 # Kernels. Tokens are flattened: n = b·L + t over N = B·L rows; z, c, w, y are (N, R).

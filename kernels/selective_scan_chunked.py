@@ -24,6 +24,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+
 from seqmix.kernels.linear_scan import scan
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from seqmix.kernels._common import check_same_device, interpreted, next_pow2
 
 

@@ -35,7 +35,7 @@ def copy_workflow(dst: Path) -> Path:
     for name in ("Snakefile", "workflow", "notebooks", "src", "kernels", "config", "envs", "requirements.txt"):
         src = REPO / name
         if src.is_dir():
-            shutil.copytree(src, dst / name, ignore=ignore)
+            shutil.copytree(src, dst / name, ignore=ignore, symlinks=True)  # src/seqmix/kernels: a link
         else:
             shutil.copy2(src, dst / name)
     (dst / "paper").mkdir()

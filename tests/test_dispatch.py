@@ -175,9 +175,8 @@ def test_a_compiled_call_takes_the_path_an_eager_call_resolved():
 
 
 def test_provenance_records_the_setting_and_the_paths_a_run_took(prepared_mqar, tmp_path, monkeypatch):
-    from seqmix.kernels import selective_scan_cpu
-
     from seqmix.cli import main
+    from seqmix.kernels import selective_scan_cpu
 
     fused = "fused_cpu" if selective_scan_cpu.available() else "reference (fused_cpu not available here)"
     expected = [("auto", False, {}, fused), ("reference", True, {}, "reference"),

@@ -53,7 +53,8 @@ def main(checkout: Path, scratch: Path) -> None:
     for name in COPIED:
         path = checkout / name
         if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pdf"))
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pdf"),
+                            symlinks=True)  # src/seqmix/kernels: a link to kernels/
         else:
             shutil.copy2(path, src / name)
     cfg = tiny_config(work, None, archs=("softmax", "gla"))

@@ -131,7 +131,6 @@ def _gpu_host_code(modules: list, sink: dict[tuple, Launch], origin: list[str], 
     modules named in ``kept`` kept in ``sink``; none is run: the tensors are
     fake (shapes, dtypes, strides; no arithmetic), so paper-sized batches cost nothing."""
     from seqmix.kernels import _common
-
     from seqmix.mixers import dispatch
 
     def keep(kernel):

@@ -122,8 +122,9 @@ def code_record(code: Code | None = None) -> dict:
     import seqmix
 
     # Found, not imported: importing the kernels' package would make it code of every run.
+    # Resolved: a checkout reaches its kernels/ through the link src/seqmix/kernels.
     kernels = importlib.util.find_spec("seqmix.kernels")
-    return {"seqmix": str(Path(seqmix.__file__).parent), "kernels": str(Path(kernels.origin).parent),
+    return {"seqmix": str(Path(seqmix.__file__).parent), "kernels": str(Path(kernels.origin).resolve().parent),
             "digest": code.digest if code else None, "sources": code.sources() if code else {}}
 
 
