@@ -1,12 +1,14 @@
-"""Fast paths beside the mixers' references, importable as ``seqmix.kernels``; their one
-registry, each with the reference it equals and the test comparing them, is
-``seqmix.kernels.registry.KERNELS``.
+"""Fast paths beside the mixers' references, importable as ``seqmix.kernels`` (through the
+link src/seqmix/kernels). Each is declared once, by the mixer module that runs it, with the
+reference it equals and the test comparing them (``seqmix.mixers.base.kernel``);
+``seqmix.mixers.declared_kernels()`` lists them all.
 
 The forms: Triton kernels for CUDA tensors (each a ``torch.autograd.Function`` or
 ``torch.library`` op behind one function with its reference's signature; on a CPU they run
 under ``TRITON_INTERPRET=1``, set before they are imported: slow, exact, and how
 tests/test_kernels.py checks them), Mamba's fused C++ scan for CPU tensors, and vectorised
-PyTorch forms with hand-written backwards. Mixers reach them through
+PyTorch forms: those with hand-written backwards (H3's, the scans) and GLA's chunked forms,
+the Triton kernel's algorithm in PyTorch. Mixers reach them through
 ``seqmix.mixers.dispatch`` (Triton, C++) or call them (PyTorch).
 
 This file holds nothing else: every module of the package imports it, so it is part of the

@@ -15,10 +15,11 @@ g ≤ 0 and non-increasing inside a chunk; h_n = the state entering chunk n):
     o       = (q ⊙ exp(g)) h_n + A v                                           (_fwd_o_kernel)
 
 Every exponent is ≤ 0, so strong decays underflow to 0 instead of overflowing. A is formed
-in sub-chunks of 16 ("secondary chunking", fla ``chunk.py``): between sub-chunks the decay
-is split at a reference row r with g_t ≤ g_r ≤ g_s, so exp(g_t - g_r) and exp(g_r - g_s)
-are both ≤ 1 and the block is one matmul; inside a diagonal sub-chunk exp(g_t - g_s) is
-formed pairwise in log space.
+in sub-chunks of ``SUBCHUNK`` rows ("secondary chunking", fla ``chunk.py``; the same
+algorithm in PyTorch is ``seqmix.kernels.gla_chunked.gla_chunk_reference``): between
+sub-chunks the decay is split at a reference row r with g_t ≤ g_r ≤ g_s, so exp(g_t - g_r)
+and exp(g_r - g_s) are both ≤ 1 and the block is one matmul; inside a diagonal sub-chunk
+exp(g_t - g_s) is formed pairwise in log space.
 
 Backward (everything recomputed from q, k, v, log α; D_n = dLoss/dh_{n+1}):
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from seqmix.kernels._common import (
     check_same_device,
     compute_dtype,
@@ -43,8 +45,9 @@ from seqmix.kernels._common import (
     interpreted,
     next_pow2,
 )
-
-SUBCHUNK = 16  # rows of a secondary chunk; also tl.dot's minimum tile
+from seqmix.kernels.gla_chunked import (
+    SUBCHUNK,  # rows of a secondary chunk; also tl.dot's minimum tile
+)
 
 
 @triton.jit

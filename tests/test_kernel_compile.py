@@ -7,8 +7,8 @@ profiles, ``bench kernels`` and the kernel tests make (issue 24), on a machine w
 
 The check runs in a subprocess: the kernels must be defined outside the Triton interpreter,
 which tests/test_kernels.py switches on for the whole pytest process when it is collected.
-A kernel is added to the check by its entry in the library's registry,
-``seqmix.kernels.registry.KERNELS``, and its launches in ``tools.bench.registry.LAUNCHES`` (see
+A kernel is added to the check by its declaration in its mixer's module
+(``seqmix.mixers.triton_kernels()``) and its launches in ``tools.bench.launches.LAUNCHES`` (see
 there), which the kernel bench reads too.
 """
 
@@ -68,9 +68,8 @@ def test_tssa_kernels_compile_at_the_bench_launches(tmp_path):
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm80_and_sm90_at_every_launch(tmp_path):
-    from seqmix.kernels.registry import triton_kernels
-
-    from tools.bench.registry import CASES as BENCH_CASES
+    from seqmix.mixers import triton_kernels
+    from tools.bench.launches import CASES as BENCH_CASES
 
     _, report = _check(tmp_path)
     rows = report["rows"]
@@ -118,30 +117,29 @@ def test_the_check_derives_the_real_specialisation_and_reports_a_kernel_that_doe
 
 
 def test_every_triton_kernel_module_is_in_the_check():
-    """Each kernels/*.py with a ``@triton.jit`` kernel is a Triton kernel of the library's
-    registry, ``seqmix.kernels.registry.KERNELS``, by its module, and the tools launch each at
-    its tests' shapes (``tools.bench.registry.LAUNCHES``): Mamba's scan, merged from another
+    """Each kernels/*.py with a ``@triton.jit`` kernel is a Triton kernel its mixer module
+    declares (``seqmix.mixers.triton_kernels()``), by its module, and the tools launch each at
+    its tests' shapes (``tools.bench.launches.LAUNCHES``): Mamba's scan, merged from another
     branch, once had no launches, and the check never compiled it."""
     from pathlib import Path
 
-    from seqmix.kernels.registry import triton_kernels
-
     from seqmix import kernels
-    from tools.bench import registry
+    from seqmix.mixers import triton_kernels
+    from tools.bench import launches
 
     with_jit = {p.stem for p in Path(kernels.__file__).parent.glob("*.py") if "@triton.jit" in p.read_text()}
     triton = triton_kernels()
     assert with_jit == set(triton), (with_jit, sorted(triton))
     assert all(k.module == f"seqmix.kernels.{name}" for name, k in triton.items())
-    assert set(registry.kernel_launches()) == set(triton)  # it refuses otherwise: see below
-    orphan = {**registry.LAUNCHES, "new_kernel": registry.LAUNCHES["tssa"]}
+    assert set(launches.kernel_launches()) == set(triton)  # it refuses otherwise: see below
+    orphan = {**launches.LAUNCHES, "new_kernel": launches.LAUNCHES["tssa"]}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(registry, "LAUNCHES", orphan)
-        with pytest.raises(LookupError, match="new_kernel is not registered there"):
-            registry.kernel_launches()
-        mp.setattr(registry, "LAUNCHES", {k: v for k, v in orphan.items() if k not in ("tssa", "new_kernel")})
-        with pytest.raises(LookupError, match="must launch every Triton kernel of seqmix.kernels.registry.KERNELS: add tssa"):
-            registry.kernel_launches()
+        mp.setattr(launches, "LAUNCHES", orphan)
+        with pytest.raises(LookupError, match="new_kernel is declared by no mixer module"):
+            launches.kernel_launches()
+        mp.setattr(launches, "LAUNCHES", {k: v for k, v in orphan.items() if k not in ("tssa", "new_kernel")})
+        with pytest.raises(LookupError, match=r"must launch every Triton kernel of seqmix.mixers.triton_kernels\(\): add tssa"):
+            launches.kernel_launches()
 
 
 def test_the_check_reaches_the_selective_scan_and_reports_a_scan_that_does_not_compile():
@@ -153,7 +151,7 @@ def test_the_check_reaches_the_selective_scan_and_reports_a_scan_that_does_not_c
         import importlib, json
         from tools.bench import compile_check as cc
         from tools.bench.compile_cases import profile_cases
-        from tools.bench.registry import kernel_launches
+        from tools.bench.launches import kernel_launches
 
         kernels = kernel_launches()
         modules = [importlib.import_module(k.module) for k, _ in kernels.values()]

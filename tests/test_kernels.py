@@ -488,16 +488,16 @@ def test_bench_cases_and_summary_without_gpu():
     target ratios are computed from rows as documented."""
     from seqmix.device import device_slug
     from tools.bench import kernels as bench
-    from tools.bench import registry
+    from tools.bench import launches
 
-    for _op, impl, case in registry.CASES:
+    for _op, impl, case in launches.CASES:
         if impl in ("triton", "fla"):
             continue  # the kernels are covered above; fla is optional
         inputs, fn, (fwd_bytes, bwd_bytes) = case(impl, 1, 20, torch.float32, torch.device("cpu"))
         fn(*inputs).sum().backward()
         assert inputs[0].grad is not None and 0 < fwd_bytes < bwd_bytes  # bwd moves more
     # grassmann fwd: z + W + b read, g written, fp32
-    _, _, (fwd_bytes, _) = registry.grassmann_case("reference", 2, 8, torch.float32, "cpu")
+    _, _, (fwd_bytes, _) = launches.grassmann_case("reference", 2, 8, torch.float32, "cpu")
     assert fwd_bytes == 4 * (2 * 8 * 32 + 256 * 496 + 256 + 2 * 8 * 256)
     assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     assert bench.hbm_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12

@@ -157,12 +157,21 @@ MIRROR_DEFAULT = "../shared"
 MIRROR_DEFAULT_FILES = {"Makefile", ".ci/run", "README.md", "config/config.yaml", "tests/conftest.py"}
 
 
+def tracked_files() -> list[str]:
+    return subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+
+
 def tracked_text_files() -> list[str]:
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    return [f for f in files if f != "tests/test_repository.py" and b"\0" not in (REPO / f).read_bytes()[:8192]]
+    return [f for f in tracked_files() if f != "tests/test_repository.py" and not (REPO / f).is_symlink()
+            and b"\0" not in (REPO / f).read_bytes()[:8192]]
 
 
 def test_no_tracked_file_points_outside_the_repository():
+    links = [f for f in tracked_files() if (REPO / f).is_symlink()]
+    assert "src/seqmix/kernels" in links  # the one way kernels/ is seqmix.kernels
+    outside = [f"{f} -> {(REPO / f).readlink()}" for f in links
+               if not (REPO / f).resolve().is_relative_to(REPO.resolve()) or (REPO / f).readlink().is_absolute()]
+    assert not outside, f"links that leave the repository, or are absolute: {outside}"
     files = tracked_text_files()
     assert "src/seqmix/mixers/grassmann.py" in files and "paper/claims.yaml" in files
     found = []

@@ -74,7 +74,7 @@ def test_imports_are_read_in_every_form_and_not_under_type_checking(tmp_path):
 
 def test_a_runs_code_is_narrow():
     # A run depends on its mixer, its task, the model, training and the kernels it reaches;
-    # not on another mixer's kernel, nor on the kernels' registry.
+    # not on another mixer's kernel.
     def names(arch):
         return {sources.shown(p) for p in sources.code_of(sources.run_modules(arch, "mqar")).files}
 

@@ -12,16 +12,14 @@ import math
 
 import pytest
 import torch
-from seqmix.kernels.linear_scan import linear_scan
 
 from seqmix import mixers
-from seqmix.mixers.gla import gla_chunk_hierarchical, gla_chunk_reference, gla_recurrent_reference
-from seqmix.mixers.h3 import (
-    causal_conv_reference,
-    causal_fft_conv,
-    s4d_kernel,
-    s4d_kernel_from_parameters,
-)
+from seqmix.kernels.fft_conv import causal_fft_conv
+from seqmix.kernels.gla_chunked import gla_chunk, gla_chunk_hierarchical, gla_chunk_reference
+from seqmix.kernels.linear_scan import linear_scan
+from seqmix.kernels.s4d import s4d_kernel_from_parameters
+from seqmix.mixers.gla import gla_recurrent_reference
+from seqmix.mixers.h3 import causal_conv_reference, s4d_kernel, s4d_kernel_reference
 from seqmix.mixers.mamba import (
     selective_scan_chunked,
     selective_scan_fused,
@@ -112,6 +110,14 @@ def test_gla_hierarchical_strong_decay_fp32_and_mixer_dispatch():
         q, k, v, log_alpha, _ = m._qkvg(x)
         torch.testing.assert_close(m.core(q, k, v, log_alpha), gla_recurrent_reference(q, k, v, log_alpha),
                                    atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("C", [8, 24])
+def test_gla_chunk_takes_either_form_and_equals_recurrent(C):
+    # The mixer's CPU path: the hierarchical form at a power-of-two chunk, the secondary-chunk
+    # form otherwise; forward and backward, a partial last chunk.
+    inputs = gla_inputs(2, 2, 53, 3, 5, "strong")
+    assert_close_fwd_bwd(gla_chunk(*inputs, C), gla_recurrent_reference(*inputs), inputs, atol=1e-10)
 
 
 def test_gla_without_decay_is_unnormalised_linear_attention():
@@ -300,21 +306,22 @@ def test_fft_conv_backward_and_skip_equal_direct_sum(L):
     kernel = torch.randn(3, 1, L, generator=g, dtype=F64).requires_grad_()
     skip = torch.randn(3, 1, generator=g, dtype=F64).requires_grad_()
     fast = causal_fft_conv(u, kernel, skip)
-    ref = causal_conv_reference(u, kernel) + skip[..., None] * u
+    ref = causal_conv_reference(u, kernel, skip)
     assert_close_fwd_bwd(fast, ref, [u, kernel, skip], atol=1e-12)
 
 
 @pytest.mark.parametrize("L", [1, 2, 10, 37, 64])
 def test_s4d_kernel_from_parameters_equals_the_composition(L):
-    # One autograd node with its backward written out = autograd through _diag_ssm and
-    # s4d_kernel, at parameters moved off their initialisation (every term nonzero).
+    # One autograd node with its backward written out = autograd through diag_ssm and
+    # s4d_kernel (s4d_kernel_reference), at parameters moved off their initialisation
+    # (every term nonzero).
     torch.manual_seed(L)
     m = mixers.build("h3", 6, d_state=8, head_dim=2).to(F64)
     params = [m.log_dt, m.log_A_real, m.A_imag, m.B, m.C]
     with torch.no_grad():
         for p in params:
             p.add_(0.3 * torch.randn_like(p))
-    fast, ref = s4d_kernel_from_parameters(*params, L), s4d_kernel(*m._diag_ssm(), L)
+    fast, ref = s4d_kernel_from_parameters(*params, L), s4d_kernel_reference(*params, L)
     assert_close_fwd_bwd(fast, ref, params, atol=1e-12, grad_atol=1e-10)
     if L == 10:
         assert torch.autograd.gradcheck(lambda *t: s4d_kernel_from_parameters(*t, L), tuple(params))

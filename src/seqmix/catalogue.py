@@ -1,10 +1,10 @@
 """The catalogue: every mixer and every task kind seqmix knows, in one place, without torch
 (the Snakefile and the notebooks read it without loading torch). Adding a mixer is its
-module plus one entry in ``MIXERS``, a task kind its module plus one line in ``TASKS``: the
-registry, the config validation, the rules, the report's style and every notebook read
-these tables, so a new entry is trained, analysed and drawn with no other change. The order
-of ``MIXERS`` is that of every table and legend. What a mixer's class states (its causal
-and non-causal forms, its options) is not repeated here.
+module plus one entry in ``MIXERS``, a task kind its module plus one line in ``TASKS``:
+seqmix.mixers and seqmix.tasks, the config validation, the rules, the report's style and
+every notebook read these tables, so a new entry is trained, analysed and drawn with no other
+change. The order of ``MIXERS`` is that of every table and legend. What a mixer's class
+states (its causal and non-causal forms, its options) is not repeated here.
 """
 
 from __future__ import annotations

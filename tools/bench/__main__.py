@@ -36,7 +36,7 @@ def cmd_steps(args) -> int:
 
 def cmd_kernels(args) -> int:
     from tools.bench import kernels
-    from tools.bench.registry import OPS
+    from tools.bench.launches import OPS
 
     unknown = sorted(set(args.op or ()) - set(OPS))
     if unknown:

@@ -11,27 +11,26 @@ kernels, as (origin, call) cases that ``tools.bench.compile_jit.record`` runs on
   correctness lengths, in bf16, fp16 and fp32, forward and backward. It has none for Mamba's
   selective scan (not timed there), so the scan's launches come from the other two sources.
 - ``tests``: each kernel's test shapes (the ``*_CASES`` tables of tests/test_kernels.py), as its
-  registry entry launches them.
+  entry of ``tools.bench.launches.LAUNCHES`` launches them.
 
 Mamba reaches its scan as the other mixers reach their kernels (``dispatch``'s Triton path);
 the scan's halves are ``torch.library`` custom ops, whose host code the recording runs in
 place of their fake impls (``compile_jit``).
 
 Not covered: the sparsity and geometry analyses and generation (no kernel there).
-A new kernel is its entry in ``seqmix.kernels.registry.KERNELS`` and its launches in
-``tools.bench.registry.LAUNCHES``.
+A new kernel is its declaration in its mixer's module (``seqmix.mixers.base.kernel``) and its
+launches in ``tools.bench.launches.LAUNCHES``.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 from seqmix import REPO_ROOT as REPO  # the checkout: its config/ is read
-from tools.bench.registry import Case, backward, dtype_name, kernel_launches
+from tools.bench.launches import Case, backward, dtype_name, kernel_launches
 
 PROFILES = ("config/config.yaml", "config/paper.yaml")
 BENCH_BATCH = 4
@@ -59,14 +58,13 @@ def _mixer_call(mixer, batch: int, length: int, precision: str, train: bool) -> 
 
 
 def has_triton_path(arch: str) -> bool:
-    """Whether ``arch``'s mixer module has a Triton fast path (``dispatch.triton_path``): only
-    these mixers launch kernels, so only they are run (the others may not even run on fake
+    """Whether ``arch``'s mixer module declares a Triton kernel (``seqmix.mixers.triton_kernels()``):
+    only these mixers launch kernels, so only they are run (the others may not even run on fake
     tensors, e.g. where a mask is built from data)."""
     from seqmix import mixers
-    from seqmix.mixers.dispatch import FastPath
 
-    module = sys.modules[mixers.mixer_class(arch).__module__]
-    return any(isinstance(v, FastPath) and v.kind == "triton" for v in vars(module).values())
+    module = mixers.mixer_class(arch).__module__
+    return any(k.declared_by == module for k in mixers.triton_kernels().values())
 
 
 def _distinct_mixers(model: torch.nn.Module) -> list:
@@ -128,26 +126,26 @@ def _span(lengths) -> str:
 
 def _analysis_cases(expansion, profile: str) -> Iterator[Case]:
     """The complexity analysis's mixers and the throughput benchmark's, fp32."""
-    from seqmix import mixers as registry
+    from seqmix import mixers
 
     job = expansion.complexity_job()
     cfg = job.complexity
     for arch in filter(has_triton_path, job.architectures):
         def call(arch=arch):  # as analysis.complexity.build_mixer builds them (no .to(device) on fakes)
-            causal = registry.mixer_class(arch).supports_causal
+            causal = mixers.mixer_class(arch).supports_causal
             for L in cfg.lengths:
-                m = registry.build(arch, cfg.d_model, causal=causal, max_len=L, **job.mixers.get(arch, {}))
+                m = mixers.build(arch, cfg.d_model, causal=causal, max_len=L, **job.mixers.get(arch, {}))
                 _mixer_call(m, cfg.batch_size, L, "fp32", False)
                 _mixer_call(m, cfg.batch_size, L, "fp32", True)
         yield f"{profile} complexity {arch} d{cfg.d_model} b{cfg.batch_size} L{_span(cfg.lengths)}", call
     tj = expansion.throughput_job()
     tp = tj.throughput
     for arch in filter(has_triton_path, tj.architectures):
-        if not registry.mixer_class(arch).supports_causal:
+        if not mixers.mixer_class(arch).supports_causal:
             continue
         def call(arch=arch):  # noqa: E306 - as analysis.throughput.training_step builds them
             for L in tp.lengths:
-                m = registry.build(arch, tp.d_model, causal=True, max_len=L, **tj.mixers.get(arch, {}))
+                m = mixers.build(arch, tp.d_model, causal=True, max_len=L, **tj.mixers.get(arch, {}))
                 _mixer_call(m, max(1, tp.tokens_per_batch // L), L, "fp32", True)
         yield f"{profile} throughput {arch} d{tp.d_model} L{_span(tp.lengths)}", call
 

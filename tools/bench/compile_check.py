@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import torch
-from seqmix.kernels.registry import triton_kernels
 
+from seqmix.mixers import triton_kernels
 from tools.bench.compile_cases import SOURCES
 from tools.bench.compile_jit import (  # noqa: F401 - re-exported for tests
     TARGETS,
@@ -32,7 +32,7 @@ from tools.bench.compile_jit import (  # noqa: F401 - re-exported for tests
     record,
     specialise,
 )
-from tools.bench.registry import kernel_launches
+from tools.bench.launches import kernel_launches
 
 # ---------------------------------------------------------------------------------------
 # Report
@@ -107,12 +107,12 @@ def check(archs: list[int], sources: list[str], out: Path | None = None, jobs: i
     import triton
 
     try:
-        registered = {name: k for name, (k, _) in kernel_launches().items()}
-    except LookupError as e:  # a registered Triton kernel the tools cannot launch yet
+        declared = {name: k for name, (k, _) in kernel_launches().items()}
+    except LookupError as e:  # a declared Triton kernel the tools cannot launch yet
         progress(str(e))
         return 1
-    modules = [importlib.import_module(k.module) for k in registered.values()]
-    chosen = [registered[k].module for k in (kernels or registered)]
+    modules = [importlib.import_module(k.module) for k in declared.values()]
+    chosen = [declared[k].module for k in (kernels or declared)]
     started = time.time()
     cases = [c for s in sources for c in SOURCES[s]()]
     launches, errors = record(cases, modules, set(chosen))
@@ -127,7 +127,7 @@ def check(archs: list[int], sources: list[str], out: Path | None = None, jobs: i
     progress(f"{len(tasks)} compiles ({', '.join(f'sm_{a}: {len(specs[a])}' for a in archs)}) in "
              f"{time.time() - t0:.0f} s with {jobs} process(es)")
     rows = rows_of(results)
-    problems += [f"{m}: no case launches it (add its launches to tools.bench.registry.LAUNCHES)"
+    problems += [f"{m}: no case launches it (add its launches to tools.bench.launches.LAUNCHES)"
                  for m in uncovered([m for m in modules if m.__name__ in chosen], rows)]
     failed = [r for r in rows if any(r.get(f"sm_{a}") != "ok" for a in archs)]
     progress(f"Triton {triton.__version__}, torch {torch.__version__}: {len(rows)} kernel specialisations, "

@@ -7,7 +7,7 @@ worker process under its own time limit (``tools.bench.watchdog``: a hang or a c
 that case alone and is a row saying so, errors are printed verbatim), every file written into
 ``results/bench/<gpu>/`` (``<gpu>``: ``seqmix.device.device_slug`` of the device name):
 
-- ``kernel_check.csv``: every Triton kernel of ``seqmix.kernels.registry.KERNELS`` against its
+- ``kernel_check.csv``: every Triton kernel of ``seqmix.mixers.triton_kernels()`` against its
   reference through the mixers that call it, fp32 and bf16, forward and every gradient, at
   awkward lengths (``tools.bench.kernel_check``), at the paper profile's width and options;
 - ``kernels.csv``: ``python -m tools.bench kernels`` at L 1k-16k, bf16, batch 4 (the report's

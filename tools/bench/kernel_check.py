@@ -15,10 +15,10 @@ a few ulps of the largest term; a wrong index or mask is off by O(1)), bf16 3e-2
 bf16 unit roundoffs, 2^-8 each: both paths round their matmul operands to bf16, in
 different places).
 
-Which kernels a case reached is counted, not assumed: every function registered in
-``seqmix.kernels.registry.KERNELS`` is wrapped with a call counter in the worker, so a kernel
-that a branch adds there (and a mixer calls) joins the check without an edit here, and a
-registered kernel that no mixer reaches is reported as unchecked. A mixer whose fast run reaches no
+Which kernels a case reached is counted, not assumed: every Triton kernel the mixer modules
+declare (``seqmix.mixers.triton_kernels()``) is wrapped with a call counter in the worker, so
+a kernel that a branch declares (and a mixer calls) joins the check without an edit here, and a
+declared kernel that no mixer reaches is reported as unchecked. A mixer whose fast run reaches no
 kernel is one row, ``no kernel``, and its other cases are skipped.
 """
 
@@ -47,9 +47,9 @@ _NO_KERNEL: set[tuple[str, str]] = set()
 
 
 def count_kernel_calls() -> dict[str, int]:
-    """Wrap every Triton kernel of ``seqmix.kernels.registry.KERNELS`` with a call counter (once
-    per process); the counts, by registered name."""
-    from seqmix.kernels.registry import triton_kernels
+    """Wrap every declared Triton kernel (``seqmix.mixers.triton_kernels()``) with a call counter
+    (once per process; a declaration looks its kernel up at every call); the counts, by name."""
+    from seqmix.mixers import triton_kernels
 
     for name, kernel in triton_kernels().items():
         if name in _CALLS:
@@ -144,9 +144,9 @@ def check_case(config: str, arch: str, form: str, dtype: str, L: int, d_model: i
 
 
 def coverage(rows: list[dict]) -> list[str]:
-    """One line per registered kernel: the mixers that reached it and its largest errors, or
-    that none did (no check)."""
-    from seqmix.kernels.registry import triton_kernels
+    """One line per declared Triton kernel: the mixers that reached it and its largest errors,
+    or that none did (no check)."""
+    from seqmix.mixers import triton_kernels
 
     lines = []
     for name in triton_kernels():

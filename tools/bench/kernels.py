@@ -3,14 +3,15 @@
 ``python -m tools.bench kernels [--lengths 256 1024 ...] [--out results/bench/<gpu>/kernels.csv]``
 
 What is timed (the mixing cores only, no projections, batch ``--batch``, ``--dtype``; each
-op's case builder is its entry of ``tools.bench.registry.LAUNCHES``):
+op's case builder is its entry of ``tools.bench.launches.LAUNCHES``; the kernel and the
+reference it equals are those its mixer module declares):
 
 - ``grassmann``: z (B, L, r=32) -> g (B, L, d=256), offsets (1, 2, 4, 8, 12, 16), normalised
   (the paper's sizes, Zhang 2025, arXiv:2512.19428, §3.2 and §4.1); impls ``triton`` (kernels.grassmann) and
   ``reference`` (mixers.grassmann.grassmann_mix_reference).
 - ``gla``: the GLA mixer's defaults at d=256 (4 heads, d_k = 32 and d_v = 64 per head, chunk
   64); impls ``triton`` (kernels.gla.chunk_gla), ``reference``
-  (mixers.gla.gla_chunk_reference: the recurrent form is a Python loop over L) and ``fla``
+  (kernels.gla_chunked.gla_chunk_reference: the recurrent form is a Python loop over L) and ``fla``
   (flash-linear-attention's chunk_gla, when ``import fla`` works).
 - ``tssa``: causal ToST at d=256, 4 heads (p = 64), denom_bias over L; ``triton`` and
   ``reference`` (mixers.tssa.tssa_reference).
@@ -55,7 +56,7 @@ import torch
 
 from seqmix.device import device_slug
 from seqmix.io import write_csv
-from tools.bench.registry import CASES, PAPER_SIZES, SMOKE_SIZES, FlaUnavailable, Sizes
+from tools.bench.launches import CASES, PAPER_SIZES, SMOKE_SIZES, FlaUnavailable, Sizes
 from tools.bench.watchdog import Case, run_cases
 
 FIELDS = ["op", "impl", "pass", "L", "batch", "d_model", "dtype", "time_ms", "peak_mem_bytes",
@@ -301,24 +302,24 @@ def _interpreted(name: str):
 
 
 def smoke_cpu() -> dict[str, float]:
-    """Each kernel once at a tiny size vs its reference, forward and backward: max rel. error."""
-    from seqmix.mixers.gla import gla_recurrent_reference
-    from seqmix.mixers.grassmann import grassmann_mix_reference
-    from seqmix.mixers.tssa import tssa_reference
+    """Each kernel once at a tiny size vs its reference, forward and backward: max rel. error.
+    The kernels and references are those the mixer modules declare."""
+    from tools.bench.launches import declared
 
     gen = torch.Generator().manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=gen).requires_grad_()  # noqa: E731
-    gm, gl, ts = _interpreted("grassmann"), _interpreted("gla"), _interpreted("tssa")
+    for name in ("grassmann", "gla", "tssa"):
+        _interpreted(name)
+    gm, gl, ts = declared("grassmann"), declared("gla"), declared("tssa")
     offs = (1, 2, 5)
     la = (torch.nn.functional.logsigmoid(torch.randn(1, 2, 19, 6, generator=gen))).requires_grad_()
     cases = {
         "grassmann": ([rnd(2, 19, 5), rnd(12, 10), rnd(12)],
-                      lambda z, W, b: gm.grassmann_mix(z, W, b, offs),
-                      lambda z, W, b: grassmann_mix_reference(z, W, b, offs)),
+                      lambda z, W, b: gm(z, W, b, offs), lambda z, W, b: gm.reference(z, W, b, offs)),
         "gla": ([rnd(1, 2, 19, 6), rnd(1, 2, 19, 6), rnd(1, 2, 19, 5), la],
-                lambda *x: gl.chunk_gla(*x, chunk_size=16), gla_recurrent_reference),
+                lambda *x: gl(*x, chunk_size=16), gl.reference),
         "tssa": ([rnd(2, 3, 19, 5), rnd(3), rnd(3, 19, 1)],
-                 lambda w, t, b: ts.tssa(w, t, b, True), lambda w, t, b: tssa_reference(w, t, b, True)),
+                 lambda w, t, b: ts(w, t, b, True), lambda w, t, b: ts.reference(w, t, b, True)),
     }
     errors = {}
     for name, (inputs, kern, ref) in cases.items():

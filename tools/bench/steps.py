@@ -71,9 +71,14 @@ def _build(point: str, arch: str):
     return spec, task, task.build_model(size.d_model, size.n_layers, size.d_ff_mult).train()
 
 
-def _registry() -> dict:
-    """This version's registry of fast paths: seqmix.kernels.registry's, or, in versions before
-    it had a module of its own, seqmix.kernels's."""
+def _kernel_list() -> dict:
+    """This version's fast paths by name: those its mixer modules declare
+    (seqmix.mixers.declared_kernels), or, in versions before, the dict KERNELS of
+    seqmix.kernels.registry or of seqmix.kernels itself."""
+    from seqmix import mixers
+
+    if hasattr(mixers, "declared_kernels"):
+        return mixers.declared_kernels()
     try:
         return importlib.import_module("seqmix.kernels.registry").KERNELS
     except ModuleNotFoundError:
@@ -100,8 +105,8 @@ def _as_on_a_gpu():
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(dispatch, "_applies", lambda path, x, setting: path.kind == "triton"))
         stack.enter_context(mock.patch.object(dispatch, "_check_backward", lambda *args: None))
-        for entry in _registry().values():
-            # each version's own registry: a "module:function" string before Kernel entries
+        for entry in _kernel_list().values():
+            # each version's own list: a "module:function" string before Kernel entries
             module = importlib.import_module((entry if isinstance(entry, str) else entry.fast).split(":")[0])
             for name, value in vars(module).items():
                 if isinstance(value, triton.runtime.JITFunction):

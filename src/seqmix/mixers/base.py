@@ -1,14 +1,17 @@
-"""What every mixer module shares: the base class and its optional capabilities.
+"""What every mixer module shares: the base class and its optional capabilities, and the
+declaration of its kernels.
 
 A mixer module reads like nanoGPT's model.py: an ``Options`` dataclass, the module, its
 plain forward (the reference, written for clarity), and where the architecture has one,
-its ``step`` (recurrent form) and ``scores`` (explicit attention matrix).
+its ``step`` (recurrent form) and ``scores`` (explicit attention matrix). Where it has fast
+paths in kernels/, it declares each once, beside the reference it equals (``kernel``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -111,3 +114,59 @@ class HeadProjections:
 def linear_flops(tokens: int, d_in: int, d_out: int) -> float:
     """Multiply-adds of a dense layer counted as 2 FLOPs each."""
     return 2.0 * tokens * d_in * d_out
+
+
+# ------------------------------------------------------------------------------------------
+# Kernels: the fast paths of kernels/ (seqmix.kernels), each declared by the module that runs it.
+# ------------------------------------------------------------------------------------------
+
+KernelForm = Literal["triton", "cpp", "pytorch"]  # Triton (CUDA), C++ (CPU), PyTorch with its own backward
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A kernel as its mixer module declares it (``kernel``): ``name`` is its module's
+    (kernels/<name>.py), ``form`` how it runs, ``reference`` the plain function of this
+    package it must equal and ``test`` the test module that compares the two, forward and
+    backward. ``load`` imports the kernel function and returns it. Calling the declaration
+    calls the kernel, imported then: a Triton kernel's module imports triton, which a CPU
+    machine may lack and which must see TRITON_INTERPRET before it. Every run-time import
+    is a statement in the mixer module, so the kernel is part of that mixer's runs' code and
+    no other's (seqmix.sources reads import statements, in functions too). The list of them
+    all: ``seqmix.mixers.declared_kernels()``."""
+
+    name: str
+    form: KernelForm
+    load: Callable[[], Callable[..., Any]]
+    reference: Callable[..., Any]
+    test: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load()(*args, **kwargs)  # looked up at every call: a patched or reloaded module counts
+
+    @property
+    def fast(self) -> str:
+        """The kernel function, ``"module:function"`` (this imports it)."""
+        fn = self.load()
+        return f"{fn.__module__}:{fn.__name__}"
+
+    @property
+    def module(self) -> str:
+        return self.fast.partition(":")[0]
+
+    @property
+    def declared_by(self) -> str:
+        """The module that declares it: the mixer's that runs it."""
+        return self.load.__module__
+
+
+def kernel(name: str, form: KernelForm, *, reference: Callable[..., Any], test: str) -> Callable[[Callable], Kernel]:
+    """Declare a kernel (``Kernel``): decorates the function that imports it and returns it,
+
+        @kernel("gla", "triton", reference=gla_recurrent_reference, test="tests/test_kernels.py")
+        def triton_gla():
+            from seqmix.kernels.gla import chunk_gla
+            return chunk_gla
+
+    and the name is then the declaration, callable as the kernel."""
+    return lambda load: Kernel(name, form, load, reference, test)

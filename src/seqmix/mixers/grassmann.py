@@ -18,7 +18,7 @@ from pydantic import PositiveInt
 from torch import nn
 
 from seqmix.mixers import dispatch
-from seqmix.mixers.base import Mixer, linear_flops
+from seqmix.mixers.base import Mixer, kernel, linear_flops
 
 
 @dataclasses.dataclass
@@ -97,15 +97,17 @@ def grassmann_mix_reference(
     return g * (count > 0).to(g.dtype)[:, None]
 
 
-def _kernel_mix(*args) -> torch.Tensor:
+# The Triton kernel, never storing the Plücker tensor: causal offsets only; same arguments
+# as the collapsed form below. Its forward and backward are torch.library custom ops: a
+# compiled training step traces them without a graph break.
+@kernel("grassmann", "triton", reference=grassmann_mix_reference, test="tests/test_kernels.py")
+def triton_grassmann():
     from seqmix.kernels.grassmann import grassmann_mix
 
-    return grassmann_mix(*args)
+    return grassmann_mix
 
 
-# Causal offsets only; same arguments as the collapsed form. Its forward and backward are
-# torch.library custom ops: a compiled training step traces them without a graph break.
-KERNEL = dispatch.triton_path(_kernel_mix, compilable=True)
+TRITON = dispatch.triton_path(triton_grassmann, compilable=True)
 
 
 def grassmann_mix_collapsed(
@@ -182,7 +184,7 @@ class CausalGrassmann(Mixer):
         both are tested against ``grassmann_mix_reference``."""
         o = self.options
         args = (z, self.plucker_proj.weight, self.plucker_proj.bias, self.signed_offsets(), o.normalize, o.eps)
-        kernels = (KERNEL,) if self.causal else ()
+        kernels = (TRITON,) if self.causal else ()
         return dispatch.call("grassmann", args, grassmann_mix_collapsed, *kernels)
 
     def blend(self, h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

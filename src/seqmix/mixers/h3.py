@@ -20,11 +20,12 @@ diagonal A with N/2 modes per head, kernel κ_l = 2 Re Σ_n C_n B̄_n Ā_n^l wit
 The SSM is shared by the d_h² entries of a head (H = d/d_h copies, as in H3).
 
 Fast path (``forward``): both convolutions by FFT, O(L log L), with the skips D_k and D as
-the kernels' lag 0 and a hand-written backward (``causal_fft_conv``); the S4D kernel by a
-blocked Vandermonde product (O(L · N) work in √L-sized blocks, no (H, N, L) tensor), from
-the parameters in one autograd node (``s4d_kernel_from_parameters``: on a GPU these small
-models' steps are bound by kernel launches, and autograd's backward through the dozen
-complex ops of ``_diag_ssm`` and ``s4d_kernel`` launches several per op). Reference:
+the kernels' lag 0 and a hand-written backward (``seqmix.kernels.fft_conv``); the S4D kernel
+by a blocked Vandermonde product (O(L · N) work in √L-sized blocks, no (H, N, L) tensor), from
+the parameters in one autograd node (``seqmix.kernels.s4d``: on a GPU these small models'
+steps are bound by kernel launches, and autograd's backward through the dozen complex ops of
+``diag_ssm`` and ``s4d_kernel`` launches several per op). Both are kernels declared below with
+the plain reference each equals. Reference of the whole layer:
 ``forward_recurrent``, the recurrence token by token (``step``: shift state = the last N
 K values, diagonal state = N/2 complex modes per KV entry). The output channel order is
 head-major (h, j); H3 writes (j, h), a fixed permutation that W_O absorbs.
@@ -39,10 +40,11 @@ import dataclasses
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from seqmix.mixers.base import Mixer, linear_flops
+from seqmix.kernels.fft_conv import causal_fft_conv
+from seqmix.kernels.s4d import s4d_kernel_from_parameters, vandermonde_blocks
+from seqmix.mixers.base import Mixer, kernel, linear_flops
 
 
 @dataclasses.dataclass
@@ -58,61 +60,16 @@ class H3Options:
             raise ValueError(f"h3 needs dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
-def causal_fft_conv(u: torch.Tensor, kernel: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-    """y_t = Σ_{s≤t} kernel_{t-s} u_s (+ skip · u_t) along the last dim by FFT (zero-padded to 2L).
-
-    u: (..., L); kernel: broadcastable to u, length L; skip: broadcastable to u[..., 0] or
-    None -> (..., L). O(L log L). The skip is the kernel's lag 0 (κ + skip·δ₀), added to its
-    transform (where δ₀'s is 1 at every frequency), so it costs no pass over u.
-    """
-    return _CausalFFTConv.apply(u, kernel, skip)
-
-
-class _CausalFFTConv(torch.autograd.Function):
-    """``causal_fft_conv`` with its backward written out: with n = 2L, U = rfft(u, n) and
-    K = rfft(κ, n) + skip, y = irfft(U K)[:L]; the backward is the two causal correlations,
-    ∂u = irfft(G conj(K))[:L] and ∂κ = Σ_batch irfft(G conj(U))[:L] (G = rfft(∂y, n); the
-    zero padding to 2L keeps both free of wrap-around), ∂skip = ∂κ at lag 0. Autograd's own
-    backward of the same three FFTs also zero-fills the padding and the cut-off half of the
-    output and copies them (four more passes over u's size per convolution); here only u
-    and K are kept, and U is recomputed."""
-
-    @staticmethod
-    def forward(ctx, u, kernel, skip):
-        L = u.shape[-1]
-        n = 2 * L
-        K = torch.fft.rfft(kernel, n=n)
-        if skip is not None:
-            K = K + skip[..., None]
-        ctx.save_for_backward(u, K)
-        ctx.kernel_shape, ctx.skip_shape = kernel.shape, None if skip is None else skip.shape
-        return torch.fft.irfft(torch.fft.rfft(u, n=n) * K, n=n)[..., :L]
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, gy):
-        u, K = ctx.saved_tensors
-        L = u.shape[-1]
-        n = 2 * L
-        G = torch.fft.rfft(gy, n=n)
-        du = dkernel = dskip = None
-        if ctx.needs_input_grad[0]:
-            du = torch.fft.irfft(G * K.conj(), n=n)[..., :L]
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            GU = (G * torch.fft.rfft(u, n=n).conj()).sum_to_size(*ctx.kernel_shape[:-1], G.shape[-1])
-            dkernel = torch.fft.irfft(GU, n=n)[..., :L]
-            if ctx.needs_input_grad[2]:
-                dskip = dkernel[..., 0].sum_to_size(ctx.skip_shape)
-        return du, dkernel, dskip
-
-
-def causal_conv_reference(u: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """The same convolution as an explicit sum per output position (for tests; O(L²))."""
-    kernel = kernel.expand_as(u)
-    return torch.stack(
-        [(kernel[..., : t + 1].flip(-1) * u[..., : t + 1]).sum(-1) for t in range(u.shape[-1])],
-        dim=-1,
+def causal_conv_reference(
+    u: torch.Tensor, kernel: torch.Tensor, skip: torch.Tensor | None = None
+) -> torch.Tensor:
+    """y_t = Σ_{s≤t} kernel_{t-s} u_s (+ skip · u_t) along the last dim, as an explicit sum per
+    output position (O(L²)): what ``causal_fft_conv`` computes, with the same arguments."""
+    taps = kernel.expand_as(u)
+    y = torch.stack(
+        [(taps[..., : t + 1].flip(-1) * u[..., : t + 1]).sum(-1) for t in range(u.shape[-1])], dim=-1
     )
+    return y if skip is None else y + skip[..., None] * u
 
 
 def s4d_kernel(dA: torch.Tensor, coef: torch.Tensor, L: int) -> torch.Tensor:
@@ -121,8 +78,7 @@ def s4d_kernel(dA: torch.Tensor, coef: torch.Tensor, L: int) -> torch.Tensor:
     Blocked Vandermonde: l = m·b + j with b = ⌈√L⌉, so κ = 2 Re (coef ⊙ dA^{m b})ᵀ dA^{j},
     one batched complex matmul over (H, L/b, M) × (H, M, b).
     """
-    b = max(1, math.isqrt(max(L - 1, 0)) + 1)
-    nb = -(-L // b)
+    b, nb = vandermonde_blocks(L)
     log_dA = torch.log(dA)[..., None]  # (H, M, 1)
     steps = torch.arange(b, device=dA.device, dtype=dA.real.dtype)
     small = torch.exp(log_dA * steps)  # dA^j: (H, M, b)
@@ -132,71 +88,30 @@ def s4d_kernel(dA: torch.Tensor, coef: torch.Tensor, L: int) -> torch.Tensor:
     return 2 * K.real.reshape(dA.shape[0], nb * b)[:, :L]
 
 
-def _blocks(L: int) -> tuple[int, int]:
-    """(b, nb): the Vandermonde blocks of ``s4d_kernel``, l = m·b + j, b = ⌈√L⌉."""
-    b = max(1, math.isqrt(max(L - 1, 0)) + 1)
-    return b, -(-L // b)
+def diag_ssm(log_dt, log_A_real, A_imag, B, C) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bilinear discretisation: Ā (H, M) and C ⊙ B̄ (H, M), complex, from the parameters
+    (log_dt: (H,); log_A_real, A_imag: (H, M); B, C: (H, M, 2) real views of complex)."""
+    dt = log_dt.exp()[:, None]
+    dtA = (-log_A_real.exp() + 1j * A_imag) * dt
+    dA = (1 + dtA / 2) / (1 - dtA / 2)
+    dB = torch.view_as_complex(B) * dt / (1 - dtA / 2)
+    return dA, torch.view_as_complex(C) * dB
 
 
-def s4d_kernel_from_parameters(log_dt, log_A_real, A_imag, B, C, L: int) -> torch.Tensor:
-    """``s4d_kernel(*H3._diag_ssm(), L)`` from the parameters in one autograd node with its
-    backward written out (``_S4DKernel``): the same value and gradients, with fewer kernel
-    launches than autograd's backward through a dozen complex ops (a GPU step of these small
-    models is bound by launches). log_dt: (H,); log_A_real, A_imag: (H, M);
-    B, C: (H, M, 2) real views of complex -> (H, L)."""
-    return _S4DKernel.apply(log_dt, log_A_real, A_imag, B, C, L)
+def s4d_kernel_reference(log_dt, log_A_real, A_imag, B, C, L: int) -> torch.Tensor:
+    """κ (H, L) from the parameters: ``s4d_kernel`` of ``diag_ssm``, differentiated by autograd."""
+    return s4d_kernel(*diag_ssm(log_dt, log_A_real, A_imag, B, C), L)
 
 
-class _S4DKernel(torch.autograd.Function):
-    """κ_l = 2 Re Σ_n coef_n z_n^l with, per head, Δ = e^{log_dt}, a = -e^{log_A_real} + i A_imag,
-    x = Δ a, r = 1/(1 - x/2), z = (1 + x/2) r (bilinear Ā), coef = B C Δ r (C B̄).
+# The kernels (PyTorch, each with its backward written out), with the references they equal.
+@kernel("fft_conv", "pytorch", reference=causal_conv_reference, test="tests/test_zoo_recurrent.py")
+def pytorch_fft_conv():
+    return causal_fft_conv
 
-    Backward, in PyTorch's convention for complex gradients (∂/∂Re + i ∂/∂Im; holomorphic
-    steps give ∂in = conj(d out/d in) ∂out, a real input Re(conj(d out/d in) ∂out)), with
-    g = ∂loss/∂κ, P1 = Σ_l g_l z^l and P2 = Σ_l l g_l z^{l-1} (both by the forward's
-    Vandermonde blocks): ∂coef = 2 conj(P1), ∂z = 2 conj(coef P2); through dz/dx = r²,
-    dcoef/dx = B C Δ r²/2, dcoef/dΔ = B C r, dx/dΔ = a, dx/da = Δ this folds to
-    ∂x = 2 conj(X) with X = r coef (r P2 + P1/2), so that
-    ∂log_dt = 2 Δ Σ_n Re(a X + B C r P1), ∂log_A_real = -2 Δ e^{log_A_real} Re X,
-    ∂A_imag = -2 Δ Im X, ∂B = 2 Δ conj(C r P1), ∂C = 2 Δ conj(B r P1)."""
 
-    @staticmethod
-    def forward(ctx, log_dt, log_A_real, A_imag, B, C, L):
-        dt = log_dt.exp()[:, None]
-        a_re = log_A_real.exp()
-        a = torch.complex(-a_re, A_imag)
-        half_x = (0.5 * dt) * a
-        r = (1 - half_x).reciprocal()
-        z = (1 + half_x) * r
-        Bc, Cc = torch.view_as_complex(B), torch.view_as_complex(C)
-        w = (Bc * Cc) * r
-        coef = w * dt
-        b, nb = _blocks(L)
-        log_z = torch.log(z)[..., None]  # (H, M, 1)
-        small = torch.exp(log_z * torch.arange(b, device=z.device, dtype=dt.dtype))  # z^j: (H, M, b)
-        big = torch.exp(log_z * torch.arange(0, nb * b, b, device=z.device, dtype=dt.dtype))  # z^{m b}
-        K = (coef[..., None] * big).transpose(-1, -2) @ small  # (H, nb, b)
-        ctx.save_for_backward(dt, a_re, a, r, w, coef, small, big, Bc, Cc)
-        ctx.L = L
-        return 2 * K.real.reshape(z.shape[0], nb * b)[:, :L]
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
-        dt, a_re, a, r, w, coef, small, big, Bc, Cc = ctx.saved_tensors
-        L = ctx.L
-        b, nb = _blocks(L)
-        # P1 = Σ_l g_l z^l and P2 = Σ_l (l+1) g_{l+1} z^l in one pass over the blocks.
-        g_deriv = F.pad(g[:, 1:] * torch.arange(1, L, device=g.device, dtype=g.dtype), (0, 1))
-        weights = F.pad(torch.stack([g, g_deriv], 1), (0, nb * b - L)).view(g.shape[0], 2, nb, b).to(r.dtype)
-        P1, P2 = ((weights @ small.transpose(-1, -2)[:, None]) * big.transpose(-1, -2)[:, None]).sum(-2).unbind(1)
-        X = (r * coef) * (r * P2 + 0.5 * P1)
-        Y = r * P1
-        two_dt = 2 * dt
-        d_log_dt = (a * X + w * P1).real.sum(-1) * two_dt[:, 0]
-        d_B = torch.view_as_real((two_dt * Cc * Y).conj_physical())
-        d_C = torch.view_as_real((two_dt * Bc * Y).conj_physical())
-        return d_log_dt, -(two_dt * a_re) * X.real, -two_dt * X.imag, d_B, d_C, None
+@kernel("s4d", "pytorch", reference=s4d_kernel_reference, test="tests/test_zoo_recurrent.py")
+def pytorch_s4d():
+    return s4d_kernel_from_parameters
 
 
 def _complex_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -250,12 +165,8 @@ class H3(Mixer):
         return {"log_dt", "log_A_real", "A_imag", "B"}
 
     def _diag_ssm(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Bilinear discretisation: Ā (H, M) and C ⊙ B̄ (H, M), complex."""
-        dt = self.log_dt.exp()[:, None]
-        dtA = (-self.log_A_real.exp() + 1j * self.A_imag) * dt
-        dA = (1 + dtA / 2) / (1 - dtA / 2)
-        dB = torch.view_as_complex(self.B) * dt / (1 - dtA / 2)
-        return dA, torch.view_as_complex(self.C) * dB
+        """Ā (H, M) and C ⊙ B̄ (H, M) of this layer (``diag_ssm``)."""
+        return diag_ssm(self.log_dt, self.log_A_real, self.A_imag, self.B, self.C)
 
     def _qkv(self, x: torch.Tensor):
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)

@@ -26,8 +26,8 @@ eager form on the CPU. Used unless no C++ compiler is found or the reference is 
 of C tokens advanced together by Python loops over the C positions, forward and backward
 written by hand in PyTorch; 2C + O(L/C²) vectorised steps instead of L, nothing overflows
 however strong the decay). It materialises the (L, B, N, D) states; the fused kernels avoid
-that. Each of the three is one entry of ``seqmix.kernels.registry.KERNELS``, paired with the
-reference here.
+that. Each of the three is declared below (``seqmix.mixers.base.kernel``) with the reference
+it equals and the test comparing them.
 
 Initialisation (mamba_simple.py, re-applied by ``reset_mixer_parameters`` after the LM's
 GPT-2 init): A_log = log(1..N) per channel, D = 1, dt_proj weight U(±dt_rank^-1/2),
@@ -52,7 +52,7 @@ from seqmix.kernels import (
 )
 from seqmix.kernels.selective_scan_chunked import selective_scan_chunked as chunked_scan
 from seqmix.mixers import dispatch
-from seqmix.mixers.base import Mixer, linear_flops
+from seqmix.mixers.base import Mixer, kernel, linear_flops
 
 
 def _auto_or_positive(value):
@@ -168,6 +168,28 @@ def selective_scan_fused(
     return _skip_and_gate(y, u, D, z).to(out_dtype)
 
 
+# The kernels, each equal to selective_scan_reference.
+@kernel("selective_scan", "triton", reference=selective_scan_reference, test="tests/test_kernels.py")
+def triton_scan():
+    """The D skip and SiLU(z) gate inside; the backward recomputes the states from per-chunk
+    checkpoints instead of storing L x D x N."""
+    from seqmix.kernels.selective_scan import selective_scan
+
+    return selective_scan
+
+
+@kernel("selective_scan_cpu", "cpp", reference=selective_scan_reference, test="tests/test_zoo_recurrent.py")
+def cpp_scan():
+    """Time-major, without D and z: ``selective_scan_fused`` adds them."""
+    return selective_scan_cpu.selective_scan_cpu
+
+
+@kernel("selective_scan_chunked", "pytorch", reference=selective_scan_reference, test="tests/test_zoo_recurrent.py")
+def pytorch_scan():
+    """Time-major, without D and z: ``selective_scan_chunked`` adds them."""
+    return chunked_scan
+
+
 def _fused_scan_builds() -> bool:
     return selective_scan_cpu.available()
 
@@ -177,9 +199,7 @@ def _fused_scan(u, delta, A, B, C, D, z, chunk_size: int) -> torch.Tensor:
 
 
 def _triton_scan(u, delta, A, B, C, D, z, chunk_size: int) -> torch.Tensor:
-    from seqmix.kernels.selective_scan import selective_scan
-
-    return selective_scan(u, delta, A, B, C, D, z)  # chunks of its own tile size
+    return triton_scan(u, delta, A, B, C, D, z)  # chunks of its own tile size
 
 
 # Same arguments as selective_scan_chunked: the Triton scan for CUDA tensors, the C++ op for

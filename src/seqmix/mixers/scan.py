@@ -1,13 +1,15 @@
 """A linear recurrence h_t = a_t ⊙ h_{t-1} + b_t along time: what Mamba's selective scan and
 GLA's chunk-to-chunk state carry have in common. ``linear_scan_reference`` is its
-specification, one step per token; its fast form, ``linear_scan`` (vectorised, with autograd),
-lives on the kernels' side (``seqmix.kernels.linear_scan``) and must equal it
-(tests/test_zoo_recurrent.py).
+specification, one step per token; its fast form, ``linear_scan`` (vectorised, with its own
+backward), is a kernel (``seqmix.kernels.linear_scan``), declared here because no one mixer
+owns it: GLA's chunked form and Performer's causal FAVOR+ call it.
 """
 
 from __future__ import annotations
 
 import torch
+
+from seqmix.mixers.base import kernel
 
 
 def linear_scan_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -17,3 +19,10 @@ def linear_scan_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         h = a_t * h + b_t
         out.append(h)
     return torch.stack(out)
+
+
+@kernel("linear_scan", "pytorch", reference=linear_scan_reference, test="tests/test_zoo_recurrent.py")
+def pytorch_linear_scan():
+    from seqmix.kernels.linear_scan import linear_scan
+
+    return linear_scan

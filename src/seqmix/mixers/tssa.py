@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqmix.mixers import dispatch
-from seqmix.mixers.base import Mixer, linear_flops
+from seqmix.mixers.base import Mixer, kernel, linear_flops
 
 
 @dataclasses.dataclass
@@ -74,13 +74,14 @@ def tssa_reference(
     return (-(w * Pi[..., None]) / (1 + dots)).to(out_dtype)
 
 
-def _kernel_tssa(*args) -> torch.Tensor:
+@kernel("tssa", "triton", reference=tssa_reference, test="tests/test_kernels.py")
+def triton_tssa():  # same arguments as tssa_reference
     from seqmix.kernels.tssa import tssa
 
-    return tssa(*args)
+    return tssa
 
 
-KERNEL = dispatch.triton_path(_kernel_tssa)  # same arguments as tssa_reference
+TRITON = dispatch.triton_path(triton_tssa)
 
 
 class TokenStatisticsAttention(Mixer):
@@ -124,7 +125,7 @@ class TokenStatisticsAttention(Mixer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, D = x.shape
         w = self._heads(x)
-        y = dispatch.call("tssa", (w, self.temp, self.denom_bias, self.causal), tssa_reference, KERNEL)
+        y = dispatch.call("tssa", (w, self.temp, self.denom_bias, self.causal), tssa_reference, TRITON)
         return self.c_proj(y.transpose(1, 2).reshape(B, L, D))
 
     def compression_term(self, x: torch.Tensor, eps: float = 0.5) -> torch.Tensor:

@@ -25,8 +25,9 @@ A module of its own that nothing imports, so that editing a definition is no run
 - job: one Snakemake job (train a run, evaluate it, an analysis, a notebook); its *spec* is
   what it reads, a ``*Job`` model of ``jobs`` (``TrainJob`` for a run), given as JSON
   (``--spec``); the *job table* lists every job of a study with its spec (``table.job_table``).
-- kernel: a fast path of ``kernels/`` (``seqmix.kernels``), registered with the reference it
-  equals in ``seqmix.kernels.registry.KERNELS``. The f of an attention row a_j ∝ f(q·k_j) (exp
+- kernel: a fast path of ``kernels/`` (``seqmix.kernels``), declared with the reference it
+  equals by the mixer module that runs it (``seqmix.mixers.base.kernel``; listed by
+  ``seqmix.mixers.declared_kernels()``). The f of an attention row a_j ∝ f(q·k_j) (exp
   for softmax, relu², ...) is its *score function* (``analysis.su.SCORE_FUNCTIONS``); only the
   sparsity analysis's files, as Su does, call it ``kernel`` (sparsity_analytic.csv's column,
   a claim's key), and keep that name.

@@ -1,4 +1,4 @@
-"""The task registry: task kinds by name, from the catalogue (seqmix/catalogue.py).
+"""The task kinds, by name, from the catalogue (seqmix/catalogue.py).
 A task kind is a ``seqmix.tasks.base.Task`` subclass; see base.py for what it owns."""
 
 from __future__ import annotations

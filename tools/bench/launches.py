@@ -1,26 +1,28 @@
 """How the maintainer's checks launch the project's Triton kernels. Which kernels exist, their
-modules and the references they equal are the library's registry,
-``seqmix.kernels.registry.KERNELS`` (``triton_kernels()``); here, per kernel of it, ``LAUNCHES`` says how the compile check
-(``python -m tools.bench.compile_check``) launches it at its own tests' shapes (the ``*_CASES``
-tables of tests/test_kernels.py) and how the kernel bench (``python -m tools.bench kernels``,
-``make gpu-check``) times it, against what. A new Triton kernel is its entry in the library's
-registry and its launches here; ``kernel_launches()`` names a registered kernel that has none, and
-the compile check refuses to run without them.
+functions and the references they equal are what the mixer modules declare
+(``seqmix.mixers.triton_kernels()``), and the cases here take them from there; per kernel,
+``LAUNCHES`` says how the compile check (``python -m tools.bench.compile_check``) launches it
+at its own tests' shapes (the ``*_CASES`` tables of tests/test_kernels.py) and how the kernel
+bench (``python -m tools.bench kernels``, ``make gpu-check``) times it, at what sizes and
+against what. A new Triton kernel is its declaration in its mixer's module and its launches
+here; ``kernel_launches()`` names a declared kernel that has none, and the compile check
+refuses to run without them.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-from seqmix.kernels.registry import Kernel, triton_kernels
 
 from seqmix import REPO_ROOT as REPO  # the checkout: its tests/ are read
+from seqmix.mixers import Kernel, triton_kernels
 
 Case = tuple[str, Callable[[], None]]  # (where the launch comes from, a call that launches it)
 
@@ -51,6 +53,13 @@ SMOKE_SIZES = Sizes(d_model=16, n_heads=2, rank=4, offsets=(1, 2), gla_dk=4, gla
 # The ops: each returns (inputs that take gradients, fn(*inputs) -> output, bytes model)
 
 
+@functools.cache
+def declared(name: str) -> Kernel:
+    """The Triton kernel ``name`` as its mixer module declares it: callable as the kernel, its
+    ``reference`` the plain function it equals."""
+    return triton_kernels()[name]
+
+
 def _nbytes(*shapes_and_dtype) -> int:
     *shapes, dtype = shapes_and_dtype
     size = torch.empty((), dtype=dtype).element_size()
@@ -58,17 +67,13 @@ def _nbytes(*shapes_and_dtype) -> int:
 
 
 def grassmann_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
-    from seqmix.mixers.grassmann import grassmann_mix_reference
-
+    kernel = declared("grassmann")
     r, d, offsets = sizes.rank, sizes.d_model, sizes.offsets
     C = r * (r - 1) // 2
     z = torch.randn(B, L, r, device=device, dtype=dtype, requires_grad=True)
     W = (torch.randn(d, C, device=device, dtype=dtype) / r).requires_grad_()
     b = torch.zeros(d, device=device, dtype=dtype, requires_grad=True)
-    if impl == "triton":
-        from seqmix.kernels.grassmann import grassmann_mix as fn
-    else:
-        fn = grassmann_mix_reference
+    fn = kernel if impl == "triton" else kernel.reference
     fwd = _nbytes((B, L, r), (d, C), (d,), (B, L, d), dtype)
     bwd = _nbytes((B, L, d), (B, L, r), (d, C), (B, L, r), (d, C), (d,), dtype)
     return [z, W, b], lambda z, W, b: fn(z, W, b, offsets, True, 1e-6), (fwd, bwd)
@@ -107,7 +112,8 @@ def _fla_chunk_gla():
 
 
 def gla_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
-    from seqmix.mixers.gla import gla_chunk_reference
+    # timed against its chunkwise PyTorch form: the reference it equals is a Python loop over L
+    from seqmix.kernels.gla_chunked import gla_chunk_reference
 
     H, K, V, chunk = sizes.n_heads, sizes.gla_dk, sizes.gla_dv, sizes.gla_chunk
     q = (torch.randn(B, H, L, K, device=device, dtype=dtype) * K**-0.5).requires_grad_()
@@ -116,9 +122,7 @@ def gla_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZE
     la = (torch.nn.functional.logsigmoid(torch.randn(B, H, L, K, device=device)) / 16)
     la = la.to(dtype).requires_grad_()
     if impl == "triton":
-        from seqmix.kernels.gla import chunk_gla
-
-        fn = lambda q, k, v, la: chunk_gla(q, k, v, la, chunk)  # noqa: E731
+        fn = lambda q, k, v, la: declared("gla")(q, k, v, la, chunk)  # noqa: E731
     elif impl == "fla":
         fn = _fla_chunk_gla()
     else:
@@ -130,16 +134,12 @@ def gla_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZE
 
 
 def tssa_case(impl: str, B: int, L: int, dtype, device, sizes: Sizes = PAPER_SIZES):
-    from seqmix.mixers.tssa import tssa_reference
-
+    kernel = declared("tssa")
     H, P = sizes.n_heads, sizes.d_model // sizes.n_heads
     w = torch.randn(B, H, L, P, device=device, dtype=dtype, requires_grad=True)
     temp = torch.ones(H, device=device, dtype=dtype, requires_grad=True)
     bias = torch.zeros(H, L, 1, device=device, dtype=dtype, requires_grad=True)
-    if impl == "triton":
-        from seqmix.kernels.tssa import tssa as fn
-    else:
-        fn = tssa_reference
+    fn = kernel if impl == "triton" else kernel.reference
     fwd = _nbytes((B, H, L, P), (B, H, L, P), dtype)
     bwd = _nbytes((B, H, L, P), (B, H, L, P), (B, H, L, P), dtype)
     return [w, temp, bias], lambda w, t, b: fn(w, t, b, True), (fwd, bwd)
@@ -181,8 +181,7 @@ def _test_dtypes() -> tuple[torch.dtype, ...]:
 
 
 def _grassmann_tests() -> Iterator[Case]:
-    from seqmix.kernels.grassmann import grassmann_mix
-
+    grassmann_mix = declared("grassmann")
     for B, L, r, d, offsets, normalize, bias in _kernel_test_table("GRASSMANN_CASES"):
         for dt in _test_dtypes():
             def call(B=B, L=L, r=r, d=d, offsets=offsets, normalize=normalize, bias=bias, dt=dt):
@@ -192,8 +191,7 @@ def _grassmann_tests() -> Iterator[Case]:
 
 
 def _gla_tests() -> Iterator[Case]:
-    from seqmix.kernels.gla import chunk_gla
-
+    chunk_gla = declared("gla")
     for B, H, L, Dk, Dv, chunk, _gate in _kernel_test_table("GLA_CASES"):
         for dt in _test_dtypes():
             def call(B=B, H=H, L=L, Dk=Dk, Dv=Dv, chunk=chunk, dt=dt):
@@ -203,8 +201,7 @@ def _gla_tests() -> Iterator[Case]:
 
 
 def _tssa_tests() -> Iterator[Case]:
-    from seqmix.kernels.tssa import tssa
-
+    tssa = declared("tssa")
     for B, H, L, p, causal in _kernel_test_table("TSSA_CASES"):
         for dt in _test_dtypes():
             def call(B=B, H=H, L=L, p=p, causal=causal, dt=dt):
@@ -214,8 +211,7 @@ def _tssa_tests() -> Iterator[Case]:
 
 
 def _selective_scan_tests() -> Iterator[Case]:
-    from seqmix.kernels.selective_scan import selective_scan
-
+    selective_scan = declared("selective_scan")
     for Bt, D, N, L, _strong, skip_and_gate in _kernel_test_table("SCAN_CASES"):
         for dt in _test_dtypes():
             def call(Bt=Bt, D=D, N=N, L=L, skip_and_gate=skip_and_gate, dt=dt):
@@ -245,13 +241,13 @@ def backward(out: torch.Tensor) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The registry
+# The launches of each declared Triton kernel
 # ---------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class Launches:
-    """How the tools launch one Triton kernel of ``seqmix.kernels.registry.KERNELS``: ``tests``
+    """How the tools launch one declared Triton kernel (``seqmix.mixers.triton_kernels()``): ``tests``
     yields launches at its own tests' shapes (every module-level ``@triton.jit`` kernel of its module
     must compile at each); ``bench`` builds the bench's case at a (batch, length, dtype), for
     each of ``impls`` (the kernel's ``triton`` and what it is timed against); None where the
@@ -272,17 +268,17 @@ LAUNCHES: dict[str, Launches] = {
 
 
 def kernel_launches() -> dict[str, tuple[Kernel, Launches]]:
-    """Every Triton kernel of the library's registry with its launches here, by name; a
-    LookupError naming those that have none (or a name here the library does not register)."""
+    """Every declared Triton kernel with its launches here, by name; a LookupError naming
+    those that have none (or a name here that no mixer module declares)."""
     kernels = triton_kernels()
     problems = []
     if missing := sorted(set(kernels) - set(LAUNCHES)):
         problems.append(f"add {', '.join(missing)}")
     if unknown := sorted(set(LAUNCHES) - set(kernels)):
-        problems.append(f"{', '.join(unknown)} is not registered there")
+        problems.append(f"{', '.join(unknown)} is declared by no mixer module")
     if problems:
-        raise LookupError("tools.bench.registry.LAUNCHES must launch every Triton kernel of "
-                          "seqmix.kernels.registry.KERNELS: " + "; ".join(problems))
+        raise LookupError("tools.bench.launches.LAUNCHES must launch every Triton kernel of "
+                          "seqmix.mixers.triton_kernels(): " + "; ".join(problems))
     return {name: (k, LAUNCHES[name]) for name, k in kernels.items()}
 
 
