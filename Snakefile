@@ -50,11 +50,12 @@ except ClaimsError as _e:
 
 # Before the first job (not in a dry run): what would fail at this study's shapes (budgets
 # that cannot be met, bf16 on a machine without a GPU, analysis lengths beyond its memory)
-# stops the run here, each problem with its config key and the fix (seqmix.preflight).
+# stops the run here, each problem with its config key and the fix (seqmix.preflight). It
+# reads the jobs' specs from the table: the study was validated once, when the table was made.
 onstart:
-    from seqmix.preflight import preflight
+    from seqmix.preflight import Specs, preflight
 
-    _problems = preflight(JOBS.expansion(), local=workflow.local_exec)
+    _problems = preflight(Specs.of_table(JOBS.table), local=workflow.local_exec)
     if _problems:
         sys.exit("error: the study would fail at its shapes:\n" + "\n".join(f"  - {p}" for p in _problems))
 

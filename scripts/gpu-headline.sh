@@ -48,8 +48,8 @@ fi
 "$PYTHON" -c "import torch, triton, snakemake, pydantic, seqmix.kernels; print('torch', torch.__version__, 'triton', triton.__version__, \
 'snakemake', snakemake.__version__, 'cuda' if torch.cuda.is_available() else 'no GPU', \
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" || exit 2
-results=$("$PYTHON" -c "from seqmix.study.load import load_study; print(load_study('$HEADLINE').results_dir)") || exit 2
-data=$("$PYTHON" -c "from seqmix.study.load import load_study; print(load_study('$HEADLINE').data.dir)") || exit 2
+results=$("$PYTHON" -c "from seqmix.expansion.validate import load_study; print(load_study('$HEADLINE').results_dir)") || exit 2
+data=$("$PYTHON" -c "from seqmix.expansion.validate import load_study; print(load_study('$HEADLINE').data.dir)") || exit 2
 # Its own folder: `make gpu-check` empties results/bench/<gpu>/ of files, not of folders.
 BENCH=${BENCH:-results/bench/$("$PYTHON" -c "import torch; from seqmix.device import device_slug; \
 print(device_slug(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else 'cpu')")/headline}

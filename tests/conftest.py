@@ -158,7 +158,7 @@ def tiny_config(root: Path, mirror: Path | None, archs=("softmax", "grassmann"),
 def prepare_all(study) -> None:
     """Prepare the tokenizer (when a task needs it) and every task's data of ``study``."""
     from seqmix.data.tokenizer import prepare_tokenizer
-    from seqmix.study.table import expand
+    from seqmix.expansion.table import expand
     from seqmix.tasks import task_class
 
     expansion = expand(study)
@@ -210,7 +210,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def prepared_config(root: Path, mirror: Path | None) -> dict:
     """The tiny config in ``root`` with every task's data prepared."""
-    from seqmix.study.load import validate_study
+    from seqmix.expansion.validate import validate_study
 
     raw = tiny_config(root, mirror)
     prepare_all(validate_study(raw))

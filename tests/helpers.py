@@ -108,8 +108,8 @@ def without_time(metrics: dict) -> dict:
 def run_spec_in(cfg: dict, results: Path | str, task: str = "mqar", arch: str = "softmax", seed: int = 0, **train):
     """The run spec of (task, arch, seed) of the config ``cfg`` (a raw mapping, left as it is),
     its results under ``results``, with ``train`` overriding the task's training settings."""
-    from seqmix.study.load import validate_study
-    from seqmix.study.table import expand
+    from seqmix.expansion.table import expand
+    from seqmix.expansion.validate import validate_study
 
     cfg = copy.deepcopy(cfg)
     cfg["results_dir"] = str(results)

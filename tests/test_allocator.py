@@ -12,7 +12,7 @@ from .conftest import skip_or_fail
 
 PROBE = textwrap.dedent("""
     import resource, sys, torch
-    from seqmix.cli import keep_freed_memory_unless_asked  # what every command does first
+    from seqmix.cli.environment import keep_freed_memory_unless_asked  # what every command does first
     took = keep_freed_memory_unless_asked()
     def faults():
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from seqmix.analysis import copy_probe
+from seqmix.expansion.table import expand, job_table
+from seqmix.expansion.validate import ConfigError, validate_study
 from seqmix.io import columns
 from seqmix.study.dag import Jobs
-from seqmix.study.load import ConfigError, validate_study
-from seqmix.study.table import expand, job_table
 
 from .conftest import tiny_config
 

@@ -209,8 +209,8 @@ def test_model_sparsity_reads_a_noncausal_pair_classifier():
 def test_sparsity_measures_every_architecture_of_the_quick_config():
     import yaml
 
-    from seqmix.study.load import validate_study
-    from seqmix.study.table import expand
+    from seqmix.expansion.table import expand
+    from seqmix.expansion.validate import validate_study
 
     from .conftest import REPO
 

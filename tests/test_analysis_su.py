@@ -273,7 +273,7 @@ def test_cli_writes_the_curves_csv(tmp_path):
     import yaml
 
     from seqmix import REPO_ROOT, cli
-    from seqmix.study.load import deep_merge
+    from seqmix.study.profile import deep_merge
 
     raw = yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text())
     small = {"beta_points": 2, "gamma_points": 2, "lengths": [8], "lambdas": [0.9], "mc_points": [[0.0, 1.0]],

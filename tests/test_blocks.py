@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqmix import catalogue
+from seqmix.expansion.table import expand
+from seqmix.expansion.validate import ConfigError, validate_study
 from seqmix.models.blocks import Block, build_blocks, norm_class
 from seqmix.models.lm import CausalLM, LMConfig
-from seqmix.study.load import ConfigError, validate_study
-from seqmix.study.table import expand
 
 from .conftest import tiny_config
 

@@ -152,28 +152,28 @@ def test_a_mixer_name_lives_in_the_catalogue_and_its_own_module(name):
 # below. (prefix, layer): the longest prefix that matches a module places it.
 STACK = [
     ("seqmix.cli", 15), ("seqmix.__main__", 15),
-    ("seqmix.study.dag", 15),  # the Snakefile's entry point, as cli is the command line's (torch-free at import)
     ("seqmix.report", 14),
     ("seqmix.analysis", 13),
     ("seqmix.fingerprint", 12),  # trains every mixer as training does (issue 42)
     ("seqmix.train", 12),
     ("seqmix.plan", 11),
     ("seqmix.preflight", 10),
-    ("seqmix.study.table", 9),
-    ("seqmix.study.load", 8),
+    # A study validated with its task and mixer classes (torch), and expanded: above them.
+    ("seqmix.expansion.table", 9),
+    ("seqmix.expansion.validate", 8), ("seqmix.expansion", 8),
     ("seqmix.tasks", 7),
     ("seqmix.data", 6),
     ("seqmix.models", 5),
     ("seqmix.measure", 4),  # below models/: the plan, the preflight, the analyses and training use it
     ("seqmix.mixers", 3),
     ("seqmix.kernels", 2),
-    ("seqmix.study.settings", 1), ("seqmix.study.jobs", 1), ("seqmix.study.sweep", 1),
-    ("seqmix.study", 0),  # the package: what it holds; it imports nothing
-    ("seqmix.study.glossary", 0),  # the words: imported by nothing
+    # The config layer (CONFIG_LAYER): a profile read once, the settings, the job specs, the
+    # sweeps, and the job table as the Snakefile reads it; no torch, no task or mixer class.
+    ("seqmix.study", 1),
     ("seqmix.sources", 0),  # read by the job table (the Snakefile's side) and by training
     ("seqmix.device", 0),  # the torch device a config names, and a device's folder name
     ("seqmix.flop_formulas", 0),  # custom ops' FLOPs, registered by kernels and read by the counter
-    ("seqmix.numerics", 0),  # read by the CLI before torch, by settings, dag and provenance
+    ("seqmix.numerics", 0),  # read by the CLI before torch, by the config layer and provenance
     ("seqmix.mkl_shim", 0),  # loaded by the CLI before torch (numerics: portable)
     ("seqmix.catalogue", 0), ("seqmix.io", 0), ("seqmix.errors", 0), ("seqmix.allocator", 0), ("seqmix.slots", 0),
     ("seqmix", 0),
@@ -187,10 +187,15 @@ def layer(module: str) -> int | None:
     return max(matches)[1] if matches else None
 
 
+def stack_modules() -> dict[str, Path]:
+    """Every module of the stack: seqmix's, and kernels/ installed as seqmix.kernels."""
+    return {**modules(), **{("seqmix.kernels" + ("" if p.stem == "__init__" else f".{p.stem}")): p
+                            for p in sorted((REPO / "kernels").glob("*.py"))}}
+
+
 def stack_graph() -> dict[str, set[str]]:
     """The import graph with kernels/ (installed as seqmix.kernels) in it."""
-    mods = {**modules(), **{("seqmix.kernels" + ("" if p.stem == "__init__" else f".{p.stem}")): p
-                            for p in sorted((REPO / "kernels").glob("*.py"))}}
+    mods = stack_modules()
     return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
 
 
@@ -214,6 +219,51 @@ def test_the_library_imports_no_tool():
     found = sorted(f"{name} imports {m}" for name, path in mods.items() for m in imported_names(path, name)
                    if m == "tools" or m.startswith("tools."))
     assert not found, "move what the library needs out of tools/: " + "; ".join(found)
+
+
+CONFIG_LAYER = "seqmix.study"
+
+
+def in_config_layer(module: str) -> bool:
+    return module == CONFIG_LAYER or module.startswith(CONFIG_LAYER + ".")
+
+
+def test_the_config_layer_imports_nothing_above_it_nor_torch():
+    """seqmix.study reads a study (the Snakefile's parse, the command line before it pins the
+    numerics): nothing it imports, at any depth, is above it or imports torch (issue 47)."""
+    graph, mods = stack_graph(), stack_modules()
+    inside = sorted(m for m in graph if in_config_layer(m))
+    assert {"seqmix.study.profile", "seqmix.study.settings", "seqmix.study.jobs", "seqmix.study.sweep",
+            "seqmix.study.dag"} <= set(inside)
+    above = sorted(f"{a} imports {b}" for a in inside for b in graph[a] if layer(b) > layer(CONFIG_LAYER))
+    assert not above, f"the config layer imports above it: {above}"
+    reached, todo = set(), list(inside)
+    while todo:
+        m = todo.pop()
+        if m not in reached:
+            reached.add(m)
+            todo += graph[m]
+    torch = sorted(m for m in reached if any(n == "torch" or n.startswith("torch.") for n in imported_names(mods[m], m)))
+    assert not torch, f"the config layer reaches modules that import torch: {torch}"
+
+
+def test_reading_a_profile_imports_no_torch_and_no_class():
+    """In a fresh process: the config layer imported and a profile that extends another read
+    (as the command line does before it pins the numerics), and neither torch nor the task and
+    mixer classes imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from seqmix.study import dag, jobs, settings, sweep; from seqmix.study.profile import read_profile; "
+            "p = read_profile('config/paper-smoke.yaml', {'seeds': [1]}); "
+            "assert [f.name for f in p.files] == ['paper-smoke.yaml', 'paper.yaml'] and p.raw['seeds'] == [1]; "
+            "assert p.numerics == p.raw['numerics'] and p.numerics_from.endswith('paper.yaml'); "
+            "loaded = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'seqmix.tasks', "
+            "'seqmix.mixers', 'seqmix.expansion'))]; print(loaded)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
 
 
 def test_training_imports_nothing_above_tasks_and_models():

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from seqmix import REPO_ROOT
-from seqmix.study.load import ConfigError, load_study, validate_study
-from seqmix.study.table import expand
+from seqmix.expansion.table import expand
+from seqmix.expansion.validate import ConfigError, load_study, validate_study
 
 MINIMAL = {"tasks": {"mqar": {}}, "architectures": ["softmax"], "seeds": [0]}
 
@@ -118,7 +118,7 @@ def test_the_committed_json_schema_is_current():
     import copy
     import json
 
-    from seqmix.study.load import SCHEMA_PATH, config_schema
+    from seqmix.expansion.validate import SCHEMA_PATH, config_schema
 
     committed, current = json.loads(SCHEMA_PATH.read_text()), json.loads(json.dumps(config_schema()))
 
@@ -137,7 +137,7 @@ def test_the_committed_json_schema_is_current():
 def test_the_json_schema_rejects_what_validation_rejects():
     import jsonschema
 
-    from seqmix.study.load import config_schema
+    from seqmix.expansion.validate import config_schema
 
     schema = config_schema()
     good = yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text())

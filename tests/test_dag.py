@@ -417,7 +417,8 @@ def test_the_job_table_is_made_once_and_again_when_a_file_it_read_changes(tmp_pa
     first = dag.load({}, [config], cache)
     assert dag.load({}, [config], cache).table == first.table and len(made) == 1  # read from the cache
     read = json.loads(next(cache.glob("jobs-*.json")).read_text())["read"]
-    assert {str(config), str(REPO / "src" / "seqmix" / "study" / "load.py"),
+    assert {str(config), str(REPO / "src" / "seqmix" / "study" / "profile.py"),
+            str(REPO / "src" / "seqmix" / "expansion" / "validate.py"),
             str(REPO / "src" / "seqmix" / "mixers" / "grassmann.py")} <= set(read)
     config.write_text(yaml.safe_dump(tiny_config(tmp_path, None, seeds=(0, 1))))
     again = dag.load({}, [config], cache)
@@ -426,18 +427,25 @@ def test_the_job_table_is_made_once_and_again_when_a_file_it_read_changes(tmp_pa
     assert dag.load({"seeds": [3]}, [config], cache).table["study"]["seeds"] == [3] and len(made) == 3
 
 
-def test_a_profile_that_extends_another_is_read_with_it():
-    from seqmix.study.dag import config_files
+def test_a_profile_that_extends_another_is_read_with_it(tmp_path, monkeypatch):
+    """The files the job table lists as read, for the cache, are those of the profile's one
+    reading: the file and what it extends, each read once (seqmix.study.profile)."""
+    from seqmix.study import profile
 
     config = REPO / "config"
-    assert config_files(config / "paper-smoke.yaml") == [config / "paper-smoke.yaml", config / "paper.yaml"]
+    opened = []
+    read = profile.read_config_file
+    monkeypatch.setattr(profile, "read_config_file", lambda path: opened.append(Path(path).resolve()) or read(path))
+    assert profile.read_profile(config / "paper-smoke.yaml").files == (config / "paper-smoke.yaml", config / "paper.yaml")
+    assert opened == [config / "paper-smoke.yaml", config / "paper.yaml"]
+    assert profile.read_profile(json.dumps({"extends": str(config / "paper.yaml")})).files == (config / "paper.yaml",)
 
 
 @pytest.fixture(scope="module")
 def tiny_jobs(tmp_path_factory):
+    from seqmix.expansion.table import expand, job_table
+    from seqmix.expansion.validate import validate_study
     from seqmix.study.dag import Jobs
-    from seqmix.study.load import validate_study
-    from seqmix.study.table import expand, job_table
 
     root = tmp_path_factory.mktemp("jobs")
     return Jobs(json.loads(json.dumps(job_table(expand(validate_study(tiny_config(root, None)))))))

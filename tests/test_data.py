@@ -12,10 +12,10 @@ import pytest
 from seqmix.data.manifest import DataError, read_manifest
 from seqmix.data.mqar import multiquery_ar
 from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
+from seqmix.expansion.table import expand
+from seqmix.expansion.validate import validate_study
 from seqmix.io import sha256_file
-from seqmix.study.load import validate_study
 from seqmix.study.settings import DataSettings
-from seqmix.study.table import expand
 from seqmix.tasks import task_class
 
 
@@ -46,7 +46,7 @@ def test_mqar_rejects_impossible_settings():
     with pytest.raises(ValueError, match="num_kv_pairs"):
         multiquery_ar(64, 1, 16, 5)
     # ... and the config says so before any job runs, naming the key.
-    from seqmix.study.load import ConfigError
+    from seqmix.expansion.validate import ConfigError
 
     with pytest.raises(ConfigError, match=r"tasks.mqar.*num_kv_pairs \* 4 \(20\) must be <= seq_len \(16\)"):
         validate_study({"tasks": {"mqar": {"seq_len": 16, "num_kv_pairs": 5, "vocab_size": 64}},

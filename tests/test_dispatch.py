@@ -138,8 +138,8 @@ def test_a_kernel_whose_backward_fails_falls_back_before_the_graph_is_built():
 
 
 def mamba_run(prepared_mqar: dict, root: Path, reference_mixers: bool):
-    from seqmix.study.load import validate_study
-    from seqmix.study.table import expand
+    from seqmix.expansion.table import expand
+    from seqmix.expansion.validate import validate_study
 
     cfg = copy.deepcopy(prepared_mqar)
     cfg["results_dir"], cfg["architectures"] = str(root), ["mamba"]
@@ -194,11 +194,11 @@ def test_provenance_records_the_setting_and_the_paths_a_run_took(prepared_mqar, 
 
 # ------------------------------------------------------------------------------------------
 # No module reads or writes the environment but the two entry points: the command line
-# (seqmix.cli) and the Snakefile's (seqmix.study.dag, which keys its cache on SEQMIX_* settings and
-# hands the environment to the `jobs` command it runs).
+# (seqmix.cli.environment, its one module that does) and the Snakefile's (seqmix.study.dag,
+# which keys its cache on SEQMIX_* settings and hands the environment to the `jobs` command it runs).
 # ------------------------------------------------------------------------------------------
 
-CLI_BOUNDARY = {"src/seqmix/cli.py", "src/seqmix/study/dag.py",
+CLI_BOUNDARY = {"src/seqmix/cli/environment.py", "src/seqmix/study/dag.py",
                 # a command line of its own, run by the rules before `python -m seqmix`: the GPUs
                 # it spreads jobs over are the environment's (CUDA_VISIBLE_DEVICES)
                 "src/seqmix/slots.py"}
@@ -229,6 +229,7 @@ def test_no_module_but_the_entry_points_reads_the_environment():
     assert len(files) > 40
     found = [f"{f.relative_to(REPO)}:{n}" for f in files if str(f.relative_to(REPO)) not in CLI_BOUNDARY
              for n in environment_uses(f.read_text())]
-    assert not found, ("read the environment in seqmix.cli and pass the value on: "
+    assert not found, ("read the environment in seqmix.cli.environment and pass the value on: "
                        + ", ".join(found))
-    assert environment_uses((REPO / "src" / "seqmix" / "cli.py").read_text()), "the CLI is where they are read"
+    assert environment_uses((REPO / "src" / "seqmix" / "cli" / "environment.py").read_text()), \
+        "the CLI's environment module is where they are read"

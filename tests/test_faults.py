@@ -39,10 +39,10 @@ from seqmix import io as seqmix_io
 from seqmix.cli import main as cli
 from seqmix.data.manifest import DataError, read_manifest, write_manifest
 from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
+from seqmix.expansion.table import expand
+from seqmix.expansion.validate import ConfigError, validate_study
 from seqmix.io import FileError, read_json, write_json
-from seqmix.study.load import ConfigError, validate_study
 from seqmix.study.settings import MIRROR_ENV, DataSettings
-from seqmix.study.table import expand
 from seqmix.tasks import task_class
 from seqmix.train import checkpoint, loop
 from seqmix.train.evaluate import evaluate_run

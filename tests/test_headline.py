@@ -12,9 +12,10 @@ import json
 import pytest
 import yaml
 
+from seqmix.expansion.table import expand
+from seqmix.expansion.validate import load_study
 from seqmix.preflight import solved_size
-from seqmix.study.load import load_study, read_config_file
-from seqmix.study.table import expand
+from seqmix.study.profile import read_config_file
 from tools.bench import packing
 
 from .conftest import REPO, tiny_config

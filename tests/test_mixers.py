@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from seqmix import catalogue, mixers
-from seqmix.study.load import config_schema
+from seqmix.expansion.validate import config_schema
 
 from .conftest import tiny_mixer
 
@@ -124,7 +124,7 @@ SCHEMA_WORD = {"ge": "minimum", "gt": "exclusiveMinimum"}
 def test_option_bounds_are_in_the_schema_and_refused_with_their_key(name):
     """Every lower bound a mixer states in a field's metadata shows in the JSON schema and
     fails config validation naming ``mixers.<name>.<option>`` (before any job)."""
-    from seqmix.study.load import ConfigError, validate_study
+    from seqmix.expansion.validate import ConfigError, validate_study
 
     from .conftest import tiny_config
 

@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 
 from seqmix import catalogue, fingerprint, mkl_shim, numerics
+from seqmix.expansion.table import expand, job_table
+from seqmix.expansion.validate import validate_study
 from seqmix.report import collect, quality_tables
 from seqmix.study import dag
-from seqmix.study.load import validate_study
-from seqmix.study.table import expand, job_table
 from tests.conftest import skip_or_fail, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,9 +108,9 @@ def test_the_cli_loads_the_shim_for_portable_only(tmp_path):
     native."""
     if mkl_shim.compiler() is None:
         skip_or_fail("no C compiler (cc) here: portable numerics build their oneMKL shim with it", "SEQMIX_REQUIRE_COMPILER")
-    code = ("import sys, types, os; from seqmix import cli, mkl_shim, numerics; "
+    code = ("import sys, types, os; from seqmix import mkl_shim, numerics; from seqmix.cli import environment; "
             "numerics.cpu_vendor = lambda cpuinfo=None: sys.argv[2]; "
-            "cli.pin_numerics(types.SimpleNamespace(asked_numerics=sys.argv[1])); "
+            "environment.pin_numerics(types.SimpleNamespace(asked_numerics=sys.argv[1])); "
             "print(bool(mkl_shim.loaded()), os.environ.get('MKL_CBWR'), 'torch' in sys.modules)")
     env = {**{k: v for k, v in os.environ.items() if k not in numerics.VARIABLES}, "PYTHONPATH": str(REPO / "src"),
            mkl_shim.CACHE_ENV: str(tmp_path)}
@@ -125,6 +125,9 @@ def test_the_cli_loads_the_shim_for_portable_only(tmp_path):
 
 
 def test_the_mode_is_read_from_spec_run_and_config_without_torch(tmp_path):
+    from seqmix.errors import ConfigError
+    from seqmix.study.profile import read_profile
+
     assert numerics.mode_in_spec('{"numerics": "native", "arch": "h3"}') == "native"
     assert numerics.mode_in_spec('{"arch": "h3"}') is None and numerics.mode_in_spec("not json") is None
     (tmp_path / "run").mkdir()
@@ -134,23 +137,32 @@ def test_the_mode_is_read_from_spec_run_and_config_without_torch(tmp_path):
     (tmp_path / "child.yaml").write_text("extends: base.yaml\n")
     (tmp_path / "mine.yaml").write_text("extends: base.yaml\nnumerics: portable\n")
 
-    def mode(name, overrides=None):
-        return numerics.mode_in_config(str(tmp_path / name), dag.config_files(tmp_path / name), overrides)
+    def mode(name, overrides=None):  # the profile's numerics, from its one reading
+        return read_profile(tmp_path / name, overrides).numerics
 
     assert mode("child.yaml") == "native"  # from what it extends
     assert mode("mine.yaml") == "portable"  # the nearest wins
     assert mode("mine.yaml", {"numerics": "native"}) == "native"
-    assert numerics.mode_in_config('{"numerics": "native"}', []) == "native"
-    assert mode("missing.yaml") is None
+    assert read_profile('{"numerics": "native"}').numerics == "native"
+    assert read_profile('{"seeds": [0]}').numerics is None
+    with pytest.raises(ConfigError, match="missing.yaml does not exist"):
+        mode("missing.yaml")  # the command pins the default, and its reading says so (below)
     (tmp_path / "broken.yaml").write_text("numerics: [\n")
-    assert numerics.mode_in_config(str(tmp_path / "broken.yaml"), [tmp_path / "broken.yaml"]) is None
+    with pytest.raises(ConfigError, match="broken.yaml is not valid YAML"):
+        mode("broken.yaml")
     (tmp_path / "child.yaml").write_text("numerics: fast\n")
     with pytest.raises(ValueError, match=r"child.yaml: numerics is 'fast'; choose from: portable, native"):
         mode("child.yaml")
+    (tmp_path / "grandchild.yaml").write_text("extends: child.yaml\n")
+    with pytest.raises(ConfigError, match=r"child.yaml: numerics is 'fast'; .* \(fix the key 'numerics'\)"):
+        mode("grandchild.yaml")  # named where it is set
+    with pytest.raises(ConfigError, match=r"--overrides: numerics is 'fast'"):
+        mode("mine.yaml", {"numerics": "fast"})
 
 
-def test_a_command_takes_its_jobs_numerics_else_its_configs():
-    from seqmix.cli import numerics_of
+def test_a_command_takes_its_jobs_numerics_else_its_configs(tmp_path):
+    from seqmix.cli.inputs import numerics_of, profile_of
+    from seqmix.errors import ConfigError
 
     def args(**kw):
         return types.SimpleNamespace(**{"spec": None, "config": None, **kw})
@@ -161,7 +173,32 @@ def test_a_command_takes_its_jobs_numerics_else_its_configs():
     assert numerics_of(args(config='{"numerics": "x"}', overrides='{"numerics": "native"}'))[0] == "native"
     assert numerics_of(args(asked_numerics="native", config='{"numerics": "portable"}')) == ("native", "--numerics")
     assert numerics_of(args()) == (numerics.DEFAULT, None)
-    assert numerics_of(args(config="/no/such/config.yaml")) == (numerics.DEFAULT, None)  # loading it says so
+    missing = args(config="/no/such/config.yaml")
+    assert numerics_of(missing) == (numerics.DEFAULT, None)  # loading it says so:
+    with pytest.raises(ConfigError, match="config file /no/such/config.yaml does not exist"):
+        profile_of(missing)
+    (tmp_path / "broken.yaml").write_text("numerics: [\n")
+    assert numerics_of(args(config=str(tmp_path / "broken.yaml"))) == (numerics.DEFAULT, None)
+    with pytest.raises(ConfigError, match=r"--overrides is not JSON"):
+        profile_of(args(config='{"numerics": "native"}', overrides="{numerics"))
+
+
+def test_a_command_reads_its_profile_once(tmp_path, monkeypatch, capsys):
+    """The numerics pinned before torch and the study the command expands come from one reading
+    of the profile and what it extends (seqmix.study.profile)."""
+    from seqmix.cli import inputs, main
+    from seqmix.study import profile
+
+    (tmp_path / "base.yaml").write_text(json.dumps(tiny_config(tmp_path, None)))
+    (tmp_path / "mine.yaml").write_text("extends: base.yaml\nnumerics: native\n")
+    reads, opened = [], []
+    read_file = profile.read_config_file
+    monkeypatch.setattr(inputs, "read_profile", lambda *a: reads.append(a) or profile.read_profile(*a))
+    monkeypatch.setattr(profile, "read_config_file", lambda path: opened.append(Path(path).name) or read_file(path))
+    assert main(["runs", "--config", str(tmp_path / "mine.yaml")]) == 0
+    assert len(reads) == 1 and opened == ["mine.yaml", "base.yaml"]
+    assert capsys.readouterr().out.splitlines() == [str(tmp_path / "results" / "runs" / "mqar" / arch / "seed0")
+                                                    for arch in ("softmax", "grassmann")]
 
 
 def test_the_command_line_imports_no_torch_before_it_pins():
@@ -201,8 +238,8 @@ def test_a_host_below_the_minimum_fails_before_the_first_job(tmp_path, monkeypat
 
     monkeypatch.setattr(numerics, "cpu_flags", lambda cpuinfo=None: ["sse2", "avx"])
     study = validate_study({**tiny_config(tmp_path, None), "numerics": "portable"})
-    assert preflight.numerics_problems(study) == [f"config key 'numerics': {numerics.host_problem('portable')}"]
-    assert preflight.numerics_problems(validate_study({**tiny_config(tmp_path, None), "numerics": "native"})) == []
+    assert preflight.numerics_problems(study.numerics) == [f"config key 'numerics': {numerics.host_problem('portable')}"]
+    assert preflight.numerics_problems(validate_study({**tiny_config(tmp_path, None), "numerics": "native"}).numerics) == []
     assert main(["fingerprint", "--numerics", "portable"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: numerics: portable needs a CPU with AVX2 and FMA") and err.count("\n") == 1
@@ -216,7 +253,7 @@ def test_a_host_without_the_means_to_build_the_shim_fails_before_the_first_job(t
 
     monkeypatch.setattr(numerics, "cpu_flags", lambda cpuinfo=None: ["avx2", "fma"])
     study = validate_study({**tiny_config(tmp_path, None), "numerics": "portable"})
-    assert preflight.numerics_problems(study) == [f"config key 'numerics': {numerics.host_problem('portable')}"]
+    assert preflight.numerics_problems(study.numerics) == [f"config key 'numerics': {numerics.host_problem('portable')}"]
     assert main(["fingerprint", "--numerics", "portable"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: numerics: portable loads a small C library") and err.count("\n") == 1
@@ -381,7 +418,8 @@ def test_torch_sqrt_under_portable_is_ieees(tmp_path):
     otherwise, so the test can fail."""
     env = {**{k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"},
            **numerics.environment("portable"), "PYTHONPATH": str(REPO / "src")}
-    pinned = ("import types; from seqmix import cli; cli.pin_numerics(types.SimpleNamespace(asked_numerics='portable')); "
+    pinned = ("import types; from seqmix.cli import environment; "
+              "environment.pin_numerics(types.SimpleNamespace(asked_numerics='portable')); "
               + SQRT)
     wrong = {name: int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                       check=True).stdout) for name, code in (("shim", pinned), ("none", SQRT))}

@@ -10,13 +10,13 @@ import torch
 import yaml
 
 from seqmix import measure
+from seqmix.expansion.table import expand
+from seqmix.expansion.validate import validate_study
 from seqmix.measure import GIB, Count, step_bytes
 from seqmix.models.budget import BudgetError, solve_budget
 from seqmix.models.lm import CausalLM, LMConfig
 from seqmix.plan import measure_step, plan_rows, totals
-from seqmix.preflight import budget_problems, complexity_problems, precision_problems
-from seqmix.study.load import validate_study
-from seqmix.study.table import expand
+from seqmix.preflight import Specs, budget_problems, complexity_problems, precision_problems
 from seqmix.tasks import task_class
 
 from .conftest import REPO, tiny_config
@@ -32,6 +32,11 @@ def test_live_bytes_count_allocations_until_they_are_freed():
         c.add_(1)  # nor is an in-place result
         assert count.live == 8000
     assert count.peak == 8000 and v.shape == (10, 100)
+
+
+def specs_of(study) -> Specs:
+    """What the preflight reads of a study: its jobs' specs, from its expansion."""
+    return Specs.of_expansion(expand(study))
 
 
 def _study(tmp_path, **changes):
@@ -211,9 +216,9 @@ def test_the_committed_h100_step_times_are_the_paper_profiles_models():
     """`make plan` costs the paper profile from results/bench/<H100>/train_probe.csv only where
     a row's model is the one planned (parameters, batch, precision): every measured row must
     still be, or the plan would silently fall back to the assumed MFU for it."""
+    from seqmix.expansion.validate import load_study
     from seqmix.plan import MEASURED_DIR, read_step_times
     from seqmix.preflight import solved_size
-    from seqmix.study.load import load_study
 
     rows = [r for r in read_step_times(REPO / MEASURED_DIR) if r["status"] == "ok"]
     assert len(rows) >= 11, f"{REPO / MEASURED_DIR} holds the H100's measured step times"
@@ -229,7 +234,7 @@ def test_a_budget_that_cannot_be_met_is_refused_before_any_job(tmp_path):
     tolerance tighter than their gap is refused, naming the key and the counts."""
     budget = {"params": 17000, "tolerance": 0.01, "width_step": 16, "ffn_step": 1}
     study = _study(tmp_path, **{"tasks.mqar.model.budget": budget})
-    problems = budget_problems(expand(study))  # mamba: 11,520 at d 32, 22,080 at d 48
+    problems = budget_problems(specs_of(study))  # mamba: 11,520 at d 32, 22,080 at d 48
     assert len(problems) == 1 and problems[0].startswith("config key 'tasks.mqar.model.budget' (mamba)")
     assert "cannot be met" in problems[0] and "width_step" in problems[0]
     softmax = measure_step(expand(study).run_spec("mqar", "softmax", 0))  # its d_ff was refined
@@ -253,15 +258,15 @@ def test_the_feed_forward_refinement_lands_within_tolerance():
 
 def test_bf16_without_a_gpu_is_refused(tmp_path):
     study = _study(tmp_path, **{"tasks.mqar.train.precision": "bf16"})
-    (problem,) = precision_problems(expand(study), has_gpu=False)
+    (problem,) = precision_problems(specs_of(study), has_gpu=False)
     assert problem.startswith("config key 'tasks.mqar.train.precision' is bf16") and "fp32" in problem
-    assert precision_problems(expand(study), has_gpu=True) == []
+    assert precision_problems(specs_of(study), has_gpu=True) == []
 
 
 def test_a_complexity_length_beyond_the_machines_memory_is_refused(tmp_path):
     study = _study(tmp_path, **{"analysis.complexity.architectures": ["mamba"]})
-    assert complexity_problems(expand(study), available_bytes=64 * GIB) == []
-    (problem,) = complexity_problems(expand(study), available_bytes=1000)
+    assert complexity_problems(specs_of(study), available_bytes=64 * GIB) == []
+    (problem,) = complexity_problems(specs_of(study), available_bytes=1000)
     assert "analysis.complexity.lengths' reaches L = 32" in problem and "mamba" in problem
 
 
@@ -362,9 +367,9 @@ def test_every_rule_that_runs_a_command_declares_its_memory_runtime_and_benchmar
 
 def test_every_rule_size_the_dag_hands_out_has_memory_and_runtime(tmp_path):
     """What resources_of gives a rule: both keys, for every size the config names."""
+    from seqmix.expansion.table import expand, job_table
+    from seqmix.expansion.validate import validate_study
     from seqmix.study.dag import Jobs
-    from seqmix.study.load import validate_study
-    from seqmix.study.table import expand, job_table
 
     from .conftest import tiny_config
 
@@ -414,18 +419,18 @@ def test_a_block_longer_than_a_prepared_split_is_refused_with_the_train_jobs_mes
     expected = (f"config key 'tasks.wikitext2.block_size' (16) is too long for the validation split (eval_split): "
                 f"it has 10 tokens ({manifest}) and needs at least 17; set block_size <= 9, or choose a longer "
                 "split for 'eval_split'")
-    assert shape_problems(expand(study), local=False) == [expected]
+    assert shape_problems(specs_of(study), local=False) == [expected]
     with pytest.raises(DataError) as e:  # the train job's own check, should the data change after
         make_task(expand(study).run_spec("wikitext2", "softmax", 0))
     assert str(e.value) == expected
-    assert shape_problems(expand(validate_study(_wikitext_study(tmp_path, None, 9))), local=False) == []
+    assert shape_problems(specs_of(validate_study(_wikitext_study(tmp_path, None, 9))), local=False) == []
 
 
 def test_a_block_longer_than_the_raw_files_is_refused_before_the_data_are_prepared(tmp_path, mirror):
     from seqmix.preflight import shape_problems
 
     study = validate_study(_wikitext_study(tmp_path, mirror, 3_000_000))
-    problems = shape_problems(expand(study), local=False)
+    problems = shape_problems(specs_of(study), local=False)
     valid, test = (mirror / "wikitext-2-raw" / f"{s}.txt" for s in ("valid", "test"))
     assert [p.split(":")[0] for p in problems] == ["config key 'tasks.wikitext2.block_size' (3000000) is too long "
                                                    f"for the {s} split ({k}_split)" for s, k in
@@ -435,7 +440,7 @@ def test_a_block_longer_than_the_raw_files_is_refused_before_the_data_are_prepar
             f"bytes; the data are not prepared yet) and needs at least 3,000,001; set block_size <= {size - 1} at "
             "the very most") in problems[0]
     assert str(test) in problems[1]
-    assert shape_problems(expand(validate_study(_wikitext_study(tmp_path, mirror, 1_000_000))), local=False) == []
+    assert shape_problems(specs_of(validate_study(_wikitext_study(tmp_path, mirror, 1_000_000))), local=False) == []
 
 
 def test_the_raw_files_bound_the_prepared_token_counts(prepared):
@@ -476,14 +481,14 @@ def test_a_step_whose_activations_alone_exceed_the_memory_is_refused_from_its_sh
     study = _study(tmp_path)
     # batch 4 x 16 tokens x d 16 x 2 layer outputs (embedding, one block) x 4 bytes = 8,192 bytes
     monkeypatch.setattr(measure, "available_memory", lambda device: 8_192.0)
-    assert shape_problems(expand(study)) == []
+    assert shape_problems(specs_of(study)) == []
     monkeypatch.setattr(measure, "available_memory", lambda device: 8_191.0)
-    problems = shape_problems(expand(study))
+    problems = shape_problems(specs_of(study))
     assert len(problems) == 2 and problems[0].startswith(
         "a training step of mqar/softmax keeps at least 0.0 GiB of activations (batch 4 x 16 tokens x d_model 16 "
         "x 2 layer outputs, 4 bytes each) and this machine has 0.0 GiB: lower config key 'tasks.mqar.seq_len' or "
         "'tasks.mqar.train.batch_size'")
-    assert shape_problems(expand(study), local=False) == []  # jobs elsewhere: not this machine's memory
+    assert shape_problems(specs_of(study), local=False) == []  # jobs elsewhere: not this machine's memory
     # The plan counts the step here at batches up to 3: 6,144 bytes of activations at least.
     monkeypatch.setattr(measure, "available_memory", lambda device: 6_143.0)
     with pytest.raises(ConfigError, match="cannot count it: a training step of mqar/softmax keeps at least"):
@@ -512,12 +517,12 @@ def test_a_sparsity_crop_longer_than_an_encoder_tasks_inputs_is_refused(tmp_path
     cfg["tasks"]["snli"] = {"train_file": "train_head_1024", "max_sentence_tokens": 8,
                             **{k: cfg["tasks"]["mqar"][k] for k in ("model", "train")}}
     cfg["analysis"]["sparsity"].update(tasks=["mqar"], crop_len=20)  # linformer's runs are SNLI's
-    (problem,) = shape_problems(expand(validate_study(cfg)), local=False)
+    (problem,) = shape_problems(specs_of(validate_study(cfg)), local=False)
     assert problem == ("config key 'analysis.sparsity.crop_len' (20) is longer than every input of task 'snli' "
                        "(at most 19 tokens): the sparsity analysis would find no held-out input to crop; set "
                        "crop_len <= 19")
     cfg["analysis"]["sparsity"]["crop_len"] = 19
-    assert shape_problems(expand(validate_study(cfg)), local=False) == []
+    assert shape_problems(specs_of(validate_study(cfg)), local=False) == []
 
 
 def test_an_evaluation_cap_below_one_block_is_refused_at_validation(tmp_path):
@@ -547,3 +552,39 @@ def test_snakemake_refuses_an_impossible_block_before_its_first_job(tmp_path, mi
     assert ("error: the study would fail at its shapes:\n  - config key 'tasks.wikitext2.block_size' (3000000) is "
             "too long for the validation split (eval_split)") in out
     assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
+
+
+def test_the_snakefiles_preflight_reads_the_job_table_and_validates_nothing_again(tmp_path, monkeypatch):
+    """The onstart checks the specs the `jobs` command put in the table: the same as the
+    expansion's (first seeds, sweep points, sparsity jobs and all), with no second validation
+    or expansion of the study in the Snakefile's process."""
+    import json
+
+    from seqmix.expansion import table as expansion_table
+    from seqmix.expansion import validate
+    from seqmix.expansion.table import job_table
+    from seqmix.preflight import preflight
+    from seqmix.study.settings import Study
+
+    cfg = tiny_config(tmp_path, None, archs=("softmax", "mamba", "linformer"), seeds=(2, 1))
+    cfg["tasks"]["mqar"]["sweep"] = {"train.lr": [1e-3, 3e-3]}
+    cfg["tasks"]["mqar"]["train"]["precision"] = "bf16"
+    expansion = expand(validate_study(cfg))
+    table = json.loads(json.dumps(job_table(expansion)))  # as the Snakefile reads it
+    expected = Specs.of_expansion(expansion)
+    assert [(s.task, s.arch, s.seed) for s in expected.runs] == [  # linformer has no causal form: no MQAR run
+        (f"mqar/lr{lr}", arch, 2) for lr in ("0.001", "0.003") for arch in ("softmax", "mamba")]
+    assert len(expected.sparsity) == len(expansion.sparsity_runs) > 0
+
+    def again(*args, **kwargs):
+        raise AssertionError("the study was validated or expanded again")
+
+    for module, name in ((validate, "validate_study"), (validate, "validate_profile"), (expansion_table, "expand")):
+        monkeypatch.setattr(module, name, again)
+    monkeypatch.setattr(Study, "model_validate", classmethod(again))
+    assert Specs.of_table(table) == expected
+    problems = preflight(Specs.of_table(table), local=False)
+    assert problems == preflight(expected, local=False) == []
+    assert precision_problems(Specs.of_table(table), has_gpu=False)[0].startswith(
+        "config key 'tasks.mqar.train.precision' is bf16")
+    assert "preflight(Specs.of_table(JOBS.table), local=workflow.local_exec)" in (REPO / "Snakefile").read_text()

@@ -16,16 +16,11 @@ import sys
 import pytest
 
 from seqmix import catalogue
+from seqmix.expansion.table import expand
+from seqmix.expansion.validate import ConfigError, load_study, task_section_model
 from seqmix.mixers import mixer_class
-from seqmix.study.load import (
-    ConfigError,
-    deep_merge,
-    load_study,
-    read_config_file,
-    task_section_model,
-)
+from seqmix.study.profile import deep_merge, read_config_file
 from seqmix.study.settings import StudyFile
-from seqmix.study.table import expand
 
 from .conftest import REPO
 from .helpers import flatten
@@ -116,7 +111,8 @@ def test_the_job_table_holds_the_same_profile():
                          text=True, check=True, cwd=REPO).stdout
     table = json.loads(out)
     assert flatten(table["jobs"]["study"]) == flatten(resolved(PAPER))
-    assert {str(PAPER), str(REPO / "src" / "seqmix" / "study" / "load.py")} <= set(table["read"])
+    assert {str(PAPER), str(REPO / "src" / "seqmix" / "study" / "profile.py"),
+            str(REPO / "src" / "seqmix" / "expansion" / "validate.py")} <= set(table["read"])
 
 
 def test_make_paper_runs_snakemake_on_the_paper_file_alone():

@@ -48,8 +48,8 @@ def write_config(path: Path, cfg: dict) -> Path:
 @pytest.fixture(scope="module")
 def study(prepared, tmp_path_factory) -> Path:
     """The tiny headline study trained and evaluated (two architectures x two seeds); its config file."""
-    from seqmix.study.load import load_study
-    from seqmix.study.table import expand
+    from seqmix.expansion.table import expand
+    from seqmix.expansion.validate import load_study
     from seqmix.train.evaluate import evaluate_run
     from seqmix.train.loop import train
 

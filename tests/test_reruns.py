@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from seqmix import sources
+from seqmix.expansion.table import expand
+from seqmix.expansion.validate import validate_study
 from seqmix.sources import Code, file_digest
-from seqmix.study.load import validate_study
-from seqmix.study.table import expand
 from seqmix.train import loop
 
 from .conftest import tiny_config

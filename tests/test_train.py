@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from seqmix.expansion.table import expand
+from seqmix.expansion.validate import validate_study
 from seqmix.models.budget import solve_budget
-from seqmix.study.load import validate_study
-from seqmix.study.table import expand
 from seqmix.tasks import make_task
 from seqmix.train.evaluate import evaluate_run
 from seqmix.train.loop import LOG_FIELDS, train
@@ -245,7 +245,7 @@ def test_the_plateau_rule_compares_the_window_with_the_best_before_it():
 
 
 def test_a_plateau_window_that_holds_no_evaluation_is_refused(prepared_mqar):
-    from seqmix.study.load import ConfigError
+    from seqmix.expansion.validate import ConfigError
 
     cfg = copy.deepcopy(prepared_mqar)
     cfg["tasks"]["mqar"]["train"].update(eval_every=100, plateau={"after": 500, "window": 50, "min_gain": 0.01})

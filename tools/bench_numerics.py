@@ -44,13 +44,13 @@ TARGET = 1.10  # the issue's bound on portable / native
 
 
 def _worker(shim: bool) -> int:
-    if shim:  # as seqmix.cli.pin_numerics does, before torch is imported
+    if shim:  # as seqmix.cli.environment.pin_numerics does, before torch is imported
         mkl_shim.load()
     import torch
 
     from seqmix import fingerprint
-    from seqmix.study.load import load_study
-    from seqmix.study.table import expand
+    from seqmix.expansion.table import expand
+    from seqmix.expansion.validate import load_study
     from seqmix.train import provenance
 
     torch.set_num_threads(1)

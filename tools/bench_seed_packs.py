@@ -37,9 +37,9 @@ import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
 from seqmix import numerics
+from seqmix.expansion.table import expand, job_table
+from seqmix.expansion.validate import load_study
 from seqmix.study.jobs import TrainJob
-from seqmix.study.load import load_study
-from seqmix.study.table import expand, job_table
 from seqmix.tasks import make_task
 from seqmix.train.loop import build_for_spec
 from seqmix.train.step import make_optimizer

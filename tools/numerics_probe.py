@@ -44,7 +44,7 @@ AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_E
 PORTABLE = numerics.environment("portable")
 PINNED = {**ATEN, **MKL, **ONEDNN}
 # How a row's process gets oneMKL's shim: not at all, loaded in the process before torch
-# (as seqmix.cli.pin_numerics does), or by the dynamic linker (LD_PRELOAD).
+# (as seqmix.cli.environment.pin_numerics does), or by the dynamic linker (LD_PRELOAD).
 NONE, LOAD, PRELOAD = "", "load", "preload"
 
 
@@ -81,7 +81,7 @@ def rows() -> list[tuple[str, dict, str]]:
 
 def _child(steps: int, shim: bool) -> int:
     """Train the model, print its digest and what ran (JSON)."""
-    if shim:  # as seqmix.cli.pin_numerics does, before torch is imported
+    if shim:  # as seqmix.cli.environment.pin_numerics does, before torch is imported
         mkl_shim.load()
     import torch
 

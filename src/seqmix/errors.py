@@ -1,5 +1,6 @@
 """The error a bad configuration raises, low in the stack so that every layer (training
-included) can raise it without importing the config loader; ``seqmix.study.load`` re-exports it.
+included) can raise it without importing the config loader; ``seqmix.expansion.validate``
+re-exports it.
 And the one way a validation error becomes lines a person reads: ``problem_lines`` turns
 pydantic's errors (a config file, a job spec, a mixer's options, the claims file) into one
 line per problem naming the key."""

@@ -86,8 +86,8 @@ ALL = "all"  # the line that hashes every mixer's
 def specs(mode: str) -> list[TrainJob]:
     """One run spec per catalogued mixer, in the catalogue's order: its run on the first task of
     config/fingerprint.yaml that trains it."""
-    from seqmix.study.load import load_study
-    from seqmix.study.table import expand
+    from seqmix.expansion.table import expand
+    from seqmix.expansion.validate import load_study
 
     expansion = expand(load_study(CONFIG, {"numerics": mode, "architectures": catalogue.mixer_names()}))
     first = {}

@@ -30,9 +30,10 @@ measured here). ``native`` leaves every library to the host: results that depend
 Which library moves the bits: docs/numerics-probe.md; the hosts measured: docs/hosts.md.
 
 Standard library only, and nothing here touches the environment: the CLI decides the mode
-from the job's spec or config before torch is imported, sets these variables itself (the
-libraries read them when they load or first run) and loads the shim (seqmix.cli.pin_numerics);
-the Snakefile exports the variables in every job's shell (seqmix.study.dag.shell_prefix).
+from the job's spec, its run or its profile (seqmix.study.profile.Profile.numerics) before
+torch is imported, sets these variables itself (the libraries read them when they load or
+first run) and loads the shim (seqmix.cli.environment.pin_numerics); the Snakefile exports
+the variables in every job's shell (seqmix.study.dag.shell_prefix).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from __future__ import annotations
 import json
 import platform
 import shlex
-from collections.abc import Iterable
 from pathlib import Path
 
 from seqmix import mkl_shim
@@ -176,11 +176,13 @@ def shim_problem(mode: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------
-# The mode of a command, read before torch is imported: from its job spec, its run, its config.
+# The mode of a command, read before torch is imported: from its job spec or its run (a
+# profile's: seqmix.study.profile.Profile.numerics).
 # ------------------------------------------------------------------------------------------
 
 
-def _checked(mode, where: str) -> str | None:
+def checked_mode(mode, where: str) -> str | None:
+    """``mode`` where it is one (None: not set), else a ValueError naming ``where`` it is set."""
     if mode is None or mode in MODES:
         return mode
     raise ValueError(f"{where}: numerics is {mode!r}; choose from: {', '.join(MODES)}")
@@ -193,7 +195,7 @@ def mode_in_spec(spec: str) -> str | None:
         data = json.loads(spec)
     except ValueError:
         return None
-    return _checked(data.get("numerics"), "--spec") if isinstance(data, dict) else None
+    return checked_mode(data.get("numerics"), "--spec") if isinstance(data, dict) else None
 
 
 def mode_in_run(run_dir: str | Path) -> str | None:
@@ -202,28 +204,4 @@ def mode_in_run(run_dir: str | Path) -> str | None:
         data = json.loads((Path(run_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return _checked(data.get("numerics"), f"{run_dir}/config.json") if isinstance(data, dict) else None
-
-
-def mode_in_config(config: str, files: Iterable[Path], overrides: dict | None = None) -> str | None:
-    """The ``numerics`` a config sets: ``overrides`` first, then a config given as a JSON
-    object, or its file and those it ``extends`` (``files``, nearest first: the nearest that
-    sets it wins); None: not set (or not readable: validating the config says why)."""
-    if overrides and "numerics" in overrides:
-        return _checked(overrides["numerics"], "--overrides")
-    if config.lstrip().startswith("{"):
-        try:
-            data = json.loads(config)
-        except ValueError:
-            return None
-        return _checked(data.get("numerics"), "--config") if isinstance(data, dict) else None
-    from seqmix.io import yaml_data
-
-    for path in files:
-        try:
-            data = yaml_data(Path(path).read_text())
-        except Exception:  # noqa: BLE001 - not YAML, unreadable: validating the config names what is wrong
-            return None
-        if isinstance(data, dict) and "numerics" in data:
-            return _checked(data["numerics"], str(path))
-    return None
+    return checked_mode(data.get("numerics"), f"{run_dir}/config.json") if isinstance(data, dict) else None

@@ -57,10 +57,10 @@ import torch
 
 from seqmix import catalogue, measure
 from seqmix.errors import ConfigError
+from seqmix.expansion.table import Expansion
 from seqmix.measure import GIB, STATE_BYTES_PER_PARAM
 from seqmix.preflight import cost_key, solved_size, step_floor_problem
 from seqmix.study.jobs import TrainJob
-from seqmix.study.table import Expansion
 from seqmix.tasks import task_class
 
 H100_BF16_PEAK = 989.4e12  # FLOP/s, H100 SXM5, dense BF16 (NVIDIA H100 Tensor Core GPU datasheet)

@@ -4,21 +4,58 @@ same before it counts anything. Each problem is one line naming the config key a
 Nothing is built at a size that can fail: the checks go cheapest first, limits the data
 decide and activation floors from the shapes (``shape_problems``) before budgets solved on
 the meta device and memory counted under FakeTensorMode (``setup_problems``).
+
+The checks read the specs of the study's jobs (``Specs``), as the jobs receive them: from an
+expansion in the process that expanded the study (``Specs.of_expansion``: the plan), or from
+the job table (``Specs.of_table``: the Snakefile's onstart, which so neither validates nor
+expands the study a second time; the `jobs` command did, once).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from seqmix import measure, numerics
 from seqmix.measure import GIB
 from seqmix.models.budget import BudgetError, Size, solve_budget
-from seqmix.study.jobs import TrainJob
-from seqmix.study.settings import Study
-from seqmix.study.table import Expansion
+from seqmix.study.jobs import ComplexityJob, SparsityJob, TrainJob
 from seqmix.tasks import task_class
+
+if TYPE_CHECKING:
+    from seqmix.expansion.table import Expansion
+
+
+@dataclasses.dataclass(frozen=True)
+class Specs:
+    """What the preflight reads of a study: the specs of the jobs it checks."""
+
+    runs: tuple[TrainJob, ...]  # the first run of each (task, architecture), in the study's order
+    sparsity: tuple[tuple[str, SparsityJob], ...]  # each run's sparsity job, with the run's task
+    complexity: ComplexityJob
+    numerics: str
+
+    @classmethod
+    def of_expansion(cls, expansion: Expansion) -> Specs:
+        """The specs an expansion builds (seqmix.expansion.table)."""
+        runs = tuple(expansion.run_spec(task.name, arch, seeds[0]) for task in expansion.tasks.values()
+                     for arch, seeds in task.seeds.items())
+        return cls(runs=runs, sparsity=tuple((r.task, expansion.sparsity_job([r])) for r in expansion.sparsity_runs),
+                   complexity=expansion.complexity_job(), numerics=expansion.study.numerics)
+
+    @classmethod
+    def of_table(cls, table: dict[str, Any]) -> Specs:
+        """The same specs from the job table (seqmix.study.dag.Jobs.table): its JSON, parsed."""
+        first: dict[tuple[str, str], str] = {}
+        for run in table["runs"]:  # task by task, each architecture's seeds in order
+            first.setdefault((run["task"], run["arch"]), run["spec"])
+        return cls(runs=tuple(TrainJob.model_validate_json(spec) for spec in first.values()),
+                   sparsity=tuple((r["task"], SparsityJob.model_validate_json(r["spec"])) for r in table["sparsity_runs"]),
+                   complexity=ComplexityJob.model_validate_json(table["analyses"]["complexity"]["spec"]),
+                   numerics=table["study"]["numerics"])
 
 
 def cost_key(spec: TrainJob) -> str:
@@ -27,12 +64,12 @@ def cost_key(spec: TrainJob) -> str:
                        spec.mixer_options, spec.train.batch_size], sort_keys=True)
 
 
-def cost_specs(expansion: Expansion) -> list[TrainJob]:
-    """One run spec (seed 0) per distinct per-step cost of the study, in config order."""
-    specs: dict[str, TrainJob] = {}
-    for spec in expansion.arch_specs:
-        specs.setdefault(cost_key(spec), spec)
-    return list(specs.values())
+def cost_specs(specs: Specs) -> list[TrainJob]:
+    """One run spec per distinct per-step cost of the study, in config order."""
+    found: dict[str, TrainJob] = {}
+    for spec in specs.runs:
+        found.setdefault(cost_key(spec), spec)
+    return list(found.values())
 
 
 _SIZES: dict[str, Size] = {}
@@ -54,25 +91,25 @@ def solved_size(spec: TrainJob) -> Size:
 # ------------------------------------------------------------------------------------------
 
 
-def data_limit_problems(expansion: Expansion) -> dict[str, list[str]]:
+def data_limit_problems(specs: Specs) -> dict[str, list[str]]:
     """Each task's data limits (``Task.limit_problems``), by task as configured (group)."""
     problems: dict[str, list[str]] = {}
-    for spec in cost_specs(expansion):
+    for spec in cost_specs(specs):
         if spec.group not in problems:  # the points of a sweep share their group's settings
             problems[spec.group] = task_class(spec.kind).limit_problems(spec)
     return {group: found for group, found in problems.items() if found}
 
 
-def crop_problems(expansion: Expansion) -> list[str]:
+def crop_problems(specs: Specs) -> list[str]:
     """The sparsity analysis crops held-out inputs of encoder tasks to ``crop_len`` tokens: a
     task whose inputs are all shorter has none to give it."""
-    crop, problems = expansion.study.analysis.sparsity.crop_len, []
-    for name in dict.fromkeys(r.task for r in expansion.sparsity_runs):
-        task = expansion.tasks[name]
-        cls = task_class(task.kind)
+    problems = []
+    for name, crop in {task: job.sparsity.crop_len for task, job in specs.sparsity}.items():
+        spec = next(s for s in specs.runs if s.task == name)  # the task's first architecture
+        cls = task_class(spec.kind)
         if cls.is_language_model:
             continue
-        longest = cls.without_data(expansion.run_spec(name, task.architectures[0], 0)).sequence_length
+        longest = cls.without_data(spec).sequence_length
         if longest is not None and crop > longest:
             problems.append(f"config key 'analysis.sparsity.crop_len' ({crop}) is longer than every input of task "
                             f"'{name}' (at most {longest} tokens): the sparsity analysis would find no held-out "
@@ -108,10 +145,10 @@ def step_floor_problem(spec: TrainJob, batch_size: int, have: float, where: str)
             f"'{key}.{task.length_key}' or '{key}.train.batch_size', or run it where there is more memory")
 
 
-def memory_problems(expansion: Expansion, skip_groups: set[str] = frozenset()) -> list[str]:
+def memory_problems(specs: Specs, skip_groups: set[str] = frozenset()) -> list[str]:
     """Every run whose training step cannot fit the device it would run on here."""
     problems = []
-    for spec in cost_specs(expansion):
+    for spec in cost_specs(specs):
         if spec.group in skip_groups:
             continue
         device = spec.train.device
@@ -122,13 +159,13 @@ def memory_problems(expansion: Expansion, skip_groups: set[str] = frozenset()) -
     return problems
 
 
-def shape_problems(expansion: Expansion, local: bool = True) -> list[str]:
+def shape_problems(specs: Specs, local: bool = True) -> list[str]:
     """Limits the data decide and (``local``: the jobs run here) steps beyond this machine's
     memory; cheap, and checked before anything is built."""
-    by_group = data_limit_problems(expansion)
-    problems = [p for found in by_group.values() for p in found] + crop_problems(expansion)
+    by_group = data_limit_problems(specs)
+    problems = [p for found in by_group.values() for p in found] + crop_problems(specs)
     if local:  # a task refused for its data is not sized as well: its shapes are the problem
-        problems += memory_problems(expansion, skip_groups=set(by_group))
+        problems += memory_problems(specs, skip_groups=set(by_group))
     return problems
 
 
@@ -137,11 +174,11 @@ def shape_problems(expansion: Expansion, local: bool = True) -> list[str]:
 # ------------------------------------------------------------------------------------------
 
 
-def budget_problems(expansion: Expansion) -> list[str]:
+def budget_problems(specs: Specs) -> list[str]:
     """Every (task, architecture) whose budget has a tolerance is solved now (meta device):
     one that cannot be met is refused before training starts."""
     problems = []
-    for spec in cost_specs(expansion):
+    for spec in cost_specs(specs):
         budget = spec.model.budget
         if budget.params is None or budget.tolerance is None:
             continue
@@ -152,11 +189,10 @@ def budget_problems(expansion: Expansion) -> list[str]:
     return problems
 
 
-def precision_problems(expansion: Expansion, has_gpu: bool) -> list[str]:
+def precision_problems(specs: Specs, has_gpu: bool) -> list[str]:
     if has_gpu:
         return []
-    bf16 = sorted({task.group for task in expansion.tasks.values() if task.section.train.precision == "bf16"
-                   and task.section.train.device != "cuda"})
+    bf16 = sorted({spec.group for spec in specs.runs if spec.train.precision == "bf16" and spec.train.device != "cuda"})
     return [f"config key 'tasks.{g}.train.precision' is bf16 but this machine has no GPU, where bf16 autocast "
             "runs many times slower than fp32: set train.precision: fp32 for a CPU run (config/paper-smoke.yaml "
             "does), or run on a GPU" for g in bf16]
@@ -185,11 +221,11 @@ def mixer_peak_bytes(arch: str, d_model: int, seq_len: int, batch: int) -> float
         return None
 
 
-def complexity_problems(expansion: Expansion, available_bytes: float) -> list[str]:
-    spec = expansion.study.analysis.complexity
+def complexity_problems(specs: Specs, available_bytes: float) -> list[str]:
+    spec = specs.complexity.complexity
     longest = max(spec.lengths)
     problems = []
-    for arch in expansion.complexity_architectures:
+    for arch in specs.complexity.architectures:
         need = mixer_peak_bytes(arch, spec.d_model, longest, spec.batch_size)
         if need is not None and need > available_bytes:
             problems.append(
@@ -199,29 +235,28 @@ def complexity_problems(expansion: Expansion, available_bytes: float) -> list[st
     return problems
 
 
-def numerics_problems(study: Study) -> list[str]:
-    """A host that cannot run the study's numerics (portable: below AVX2 and FMA, not x86-64, or
-    without the means to build oneMKL's shim, which is built here, once, before the jobs that
-    load it start)."""
-    problem = numerics.host_problem(study.numerics) or numerics.shim_problem(study.numerics)
+def numerics_problems(mode: str) -> list[str]:
+    """A host that cannot run the study's numerics ``mode`` (portable: below AVX2 and FMA, not
+    x86-64, or without the means to build oneMKL's shim, which is built here, once, before the
+    jobs that load it start)."""
+    problem = numerics.host_problem(mode) or numerics.shim_problem(mode)
     return [f"config key 'numerics': {problem}"] if problem else []
 
 
-def setup_problems(expansion: Expansion, local: bool = True) -> list[str]:
+def setup_problems(specs: Specs, local: bool = True) -> list[str]:
     """Budgets that cannot be met within their tolerance and (``local``) a CPU below the study's
     numerics, bf16 without a GPU and complexity lengths whose forward and backward exceed this
     machine's memory."""
-    problems = budget_problems(expansion)
+    problems = budget_problems(specs)
     if local:
-        problems += numerics_problems(expansion.study)
-        problems += precision_problems(expansion, torch.cuda.is_available())
-        device = expansion.study.analysis.complexity.device
-        problems += complexity_problems(expansion, measure.available_memory(device))
+        problems += numerics_problems(specs.numerics)
+        problems += precision_problems(specs, torch.cuda.is_available())
+        problems += complexity_problems(specs, measure.available_memory(specs.complexity.complexity.device))
     return problems
 
 
-def preflight(expansion: Expansion, local: bool = True) -> list[str]:
-    """Problems that would make the study (expanded: seqmix.study.table.expand) fail at its
-    shapes, one line each (empty: none). ``local``: the jobs run on this machine (its memory
-    and GPU are checked too)."""
-    return shape_problems(expansion, local) + setup_problems(expansion, local)
+def preflight(specs: Specs, local: bool = True) -> list[str]:
+    """Problems that would make the study fail at its shapes, one line each (empty: none), from
+    its jobs' specs (``Specs``). ``local``: the jobs run on this machine (its memory and GPU are
+    checked too)."""
+    return shape_problems(specs, local) + setup_problems(specs, local)

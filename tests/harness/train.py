@@ -67,11 +67,12 @@ def barrier(directory: Path, count: int) -> None:
 
 if __name__ == "__main__":
     from seqmix import cli
+    from seqmix.cli.environment import pin_numerics
 
     # The study's numerics first, as `python -m seqmix` pins them: before the hold below
     # imports the training loop, hence torch (a process that imported it runs unpinned).
     args = cli.build_parser().parse_args(sys.argv[1:])
-    cli.pin_numerics(args)
+    pin_numerics(args)
     if os.environ.get("SEQMIX_TEST_HOLD"):
         hold_after_checkpoint(Path(os.environ["SEQMIX_TEST_HOLD"]), int(os.environ.get("SEQMIX_TEST_HOLD_AFTER", "1")))
     if os.environ.get("SEQMIX_TEST_BARRIER"):

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from seqmix.cli import run_command
-from seqmix.study.load import ConfigError
+from seqmix.errors import ConfigError
 
 INTERPRET_ENV = "TRITON_INTERPRET"  # set to 1 for `kernels` and `gpu-check` on a machine without a GPU
 

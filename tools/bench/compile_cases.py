@@ -151,14 +151,14 @@ def _analysis_cases(expansion, profile: str) -> Iterator[Case]:
 
 
 def profile_cases(root: Path = REPO) -> Iterator[Case]:
-    from seqmix.preflight import cost_specs
-    from seqmix.study.load import load_study
-    from seqmix.study.table import expand
+    from seqmix.expansion.table import expand
+    from seqmix.expansion.validate import load_study
+    from seqmix.preflight import Specs, cost_specs
 
     for path in PROFILES:
         expansion = expand(load_study(root / path))
         name = Path(path).stem
-        for spec in cost_specs(expansion):
+        for spec in cost_specs(Specs.of_expansion(expansion)):
             yield from _run_cases(spec, name)
         yield from _analysis_cases(expansion, name)
 

@@ -43,9 +43,9 @@ import torch
 
 from seqmix import REPO_ROOT, catalogue, plan
 from seqmix.device import device_slug
+from seqmix.expansion.table import expand
+from seqmix.expansion.validate import load_study
 from seqmix.io import write_csv, write_json, write_text
-from seqmix.study.load import load_study
-from seqmix.study.table import expand
 from seqmix.train.provenance import git_commit, package_versions
 from tools.bench import kernel_check, kernels, train_probe
 from tools.bench.watchdog import Case, Outcome, run_cases

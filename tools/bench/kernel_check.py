@@ -32,8 +32,8 @@ import warnings
 import torch
 
 from seqmix import catalogue, mixers
+from seqmix.expansion.validate import load_study
 from seqmix.mixers import dispatch
-from seqmix.study.load import load_study
 from tools.bench.kernels import versions
 
 FIELDS = ["arch", "form", "dtype", "L", "d_model", "batch", "setting", "kernels", "paths", "out_err", "grad_err",

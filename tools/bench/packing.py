@@ -53,9 +53,9 @@ class Worker:
     def __init__(self, config: str, task: str, arch: str, seed: int, modes: list[str]):
         import torch
 
+        from seqmix.expansion.table import expand
+        from seqmix.expansion.validate import load_study
         from seqmix.preflight import solved_size
-        from seqmix.study.load import load_study
-        from seqmix.study.table import expand
         from seqmix.tasks import task_class
         from seqmix.train.step import make_optimizer, optimizer_step, step_loss
 
@@ -209,8 +209,8 @@ class Handle:
 
 def measure(config: str, jobs: int, steps: int, window: float, budget_s: float, modes=MODES) -> list[dict]:
     """The rows of packing.csv (module docstring); what the budget left unmeasured is missing."""
-    from seqmix.study.load import load_study
-    from seqmix.study.table import expand
+    from seqmix.expansion.table import expand
+    from seqmix.expansion.validate import load_study
 
     expansion = expand(load_study(config))
     study = expansion.study
@@ -368,7 +368,7 @@ COMPILE_LINE = re.compile(r"^(      compile: )(true|false)( *#.*)?$", re.M)
 def apply(path: str | os.PathLike, choice: dict) -> None:
     """Write the choice's seeds and step into the config file (its one ``seeds:`` line and its
     one ``compile:`` line), and check that the file now resolves to them."""
-    from seqmix.study.load import load_study
+    from seqmix.expansion.validate import load_study
 
     text = Path(path).read_text()
     if len(SEEDS_LINE.findall(text)) != 1 or len(COMPILE_LINE.findall(text)) != 1:
@@ -404,9 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         serve(json.loads(args.worker))
         return 0
+    from seqmix.expansion.table import expand
+    from seqmix.expansion.validate import load_study
     from seqmix.io import write_csv, write_json
-    from seqmix.study.load import load_study
-    from seqmix.study.table import expand
 
     expansion = expand(load_study(args.config))
     if len(_tasks(expansion)) != 1:

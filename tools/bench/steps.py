@@ -56,9 +56,9 @@ def _this_checkouts_counter():
 
 def _build(point: str, arch: str):
     import seqmix
+    from seqmix.expansion.validate import load_study
     from seqmix.preflight import solved_size
     from seqmix.study import table
-    from seqmix.study.load import load_study
     from seqmix.tasks import task_class
 
     study = load_study(Path(seqmix.REPO_ROOT) / "config" / "paper.yaml")

@@ -27,12 +27,12 @@ import time
 
 import torch
 
+from seqmix.expansion.table import Expansion, expand
+from seqmix.expansion.validate import load_study
 from seqmix.measure import GIB
 from seqmix.mixers import dispatch
 from seqmix.plan import measure_step
 from seqmix.preflight import solved_size
-from seqmix.study.load import load_study
-from seqmix.study.table import Expansion, expand
 from seqmix.tasks import task_class
 from seqmix.train.step import StepLoss, make_optimizer, optimizer_step
 

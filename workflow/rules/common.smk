@@ -1,5 +1,5 @@
 # What the rules read: JOBS (seqmix.study.dag.Jobs, the study's job table) and the names below.
-# Every path comes from the table (a run's directory is seqmix.study.table.Expansion.run_dir's),
+# Every path comes from the table (a run's directory is seqmix.expansion.table.Expansion.run_dir's),
 # every spec is the JSON its command takes, every size is the config's `resources`.
 import re
 

@@ -33,6 +33,8 @@ from seqmix.io import FileError, read_json, write_json
 if TYPE_CHECKING:  # pandas only where a report reads recordings: `record` runs without it
     import pandas as pd
 
+    from seqmix.expansion.table import Expansion
+
 # The headline study (Zhang 2025's WikiText-2 setting, one GPU slice): what recorded runs
 # are checked against. Tests and notebooks pass another path where they need one.
 HEADLINE_CONFIG = REPO_ROOT / "config" / "paper-headline.yaml"
@@ -52,16 +54,17 @@ ABSENT = "(absent)"
 
 
 def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
-           made_by: str | None = None, commit: str | None = None) -> Path:
+           made_by: str | None = None, commit: str | None = None, expansion: Expansion | None = None) -> Path:
     """Copy every run's RUN_FILES of the study ``config`` into ``out``/<profile>/<device>-<date>/
     with a meta.json; returns that directory. Refuses (FileError) a study with a run that
     has not finished training and evaluation, before copying anything. ``commit``: the
     commit the runs were made at, for runs whose provenance has none (a checkout copied to
-    another machine without its .git); it never overrides one they have."""
-    from seqmix.study.load import load_study
-    from seqmix.study.table import expand
+    another machine without its .git); it never overrides one they have. ``expansion``: the
+    study of ``config``, expanded, where the caller has read it (the command line has)."""
+    from seqmix.expansion.table import expand
+    from seqmix.expansion.validate import load_study
 
-    expansion = expand(load_study(config))
+    expansion = expansion or expand(load_study(config))
     study = expansion.study
     dirs = {f"{r.task}/{r.arch}/seed{r.seed}": expansion.run_dir(r) for r in expansion.runs}
     for name, d in dirs.items():
@@ -162,8 +165,8 @@ class Headline:
     """The headline study's run specs, resolved from its config once (or why they cannot be)."""
 
     def __init__(self, config: str | os.PathLike):
-        from seqmix.study.load import ConfigError, load_study
-        from seqmix.study.table import expand
+        from seqmix.expansion.table import expand
+        from seqmix.expansion.validate import ConfigError, load_study
 
         self.config, self.name = Path(config), shown(Path(config))
         self.expansion, self.problem, self.runs = None, None, {}

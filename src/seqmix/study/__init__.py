@@ -1,10 +1,10 @@
-"""The study: a profile read, validated and turned into the jobs that run it. The words it
-uses (profile, study, expansion, task, run, job, ...) each mean one thing, defined in
-``seqmix.study.glossary``.
+"""The study as data, at the bottom of the stack: a profile read once, validated against these
+settings above, and turned into the jobs that run it. The words it uses (profile, study,
+expansion, task, run, job, ...) each mean one thing, defined in ``seqmix.study.glossary``.
 
-Modules, bottom up: ``settings`` (the sections), ``jobs`` (the specs), ``sweep`` (a task's
-grid), ``load`` (reading and validating a profile; imports the task and mixer classes, hence
-torch), ``table`` (the expansion: tasks, runs, paths, specs; and the job table), ``dag`` (the
-job table as the Snakefile reads it, without torch). This file imports nothing: ``seqmix.study.settings`` sits
-below the mixers and tasks, ``seqmix.study.dag`` above everything.
+Modules: ``profile`` (reading a profile: a file or a JSON object, what it ``extends``, the
+overrides, its numerics), ``settings`` (the sections, typed), ``jobs`` (the job specs),
+``sweep`` (a task's grid), ``dag`` (the job table as the Snakefile reads it). None imports
+torch, a task or a mixer (tests/test_code_shape.py keeps that so): what needs their classes,
+validating a study and expanding it, is seqmix.expansion, above them. This file imports nothing.
 """

@@ -1,16 +1,19 @@
 """The study as the Snakefile sees it, without importing torch.
 
 ``load`` returns the job table of `python -m seqmix jobs` (the validated study, every job's
-spec and code, the path patterns and each rule's resources: ``seqmix.study.table.job_table``
+spec and code, the path patterns and each rule's resources: ``seqmix.expansion.table.job_table``
 of the study's ``Expansion``).
-The table is made in a subprocess, which imports the task and mixer classes (torch), and
-cached under ``.snakemake/seqmix/`` with the sha256 of every file it was made from or
-describes: the config files, every module the subprocess imported and every file of every
-job's code (seqmix.sources: the digests it holds are of those files). While they are all
-unchanged, parsing the Snakefile again (a dry run, each SLURM job on its node) reads one JSON
-file; one changed byte in any of them makes the table again.
+The table is made in a subprocess, which reads the profile once (seqmix.study.profile),
+validates and expands it with the task and mixer classes (torch), and cached under
+``.snakemake/seqmix/`` with the sha256 of every file it was made from or describes: the
+profile's files as that one reading found them, every module the subprocess imported and every
+file of every job's code (seqmix.sources: the digests it holds are of those files). While they
+are all unchanged, parsing the Snakefile again (a dry run, each SLURM job on its node) reads one
+JSON file; one changed byte in any of them makes the table again. The study is validated there
+and nowhere else: the onstart's preflight reads the table's specs (seqmix.preflight.Specs).
 
-Everything here is standard library and PyYAML, like seqmix.catalogue.
+Everything here is standard library and PyYAML, like seqmix.catalogue; seqmix.study is the
+bottom of the stack, below the tasks and mixers, and imports none of them.
 """
 
 from __future__ import annotations
@@ -26,14 +29,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seqmix import REPO_ROOT, catalogue, mkl_shim, numerics
 from seqmix.io import sha256_file, yaml_data
 from seqmix.sources import library_dirs
-
-if TYPE_CHECKING:
-    from seqmix.study.table import Expansion
 
 SRC = Path(__file__).resolve().parents[2]  # the src/ this seqmix was imported from
 CACHE_DIR = Path(".snakemake") / "seqmix"  # in Snakemake's working directory
@@ -124,21 +124,6 @@ def sha256_of(path: str | os.PathLike) -> str | None:
         return None
 
 
-def config_files(config: str | os.PathLike) -> list[Path]:
-    """The config file and those it ``extends``, in order (none for a JSON object)."""
-    if str(config).lstrip().startswith("{"):
-        return []
-    files: list[Path] = []
-    path = Path(config).resolve()
-    while path not in files and path.exists():
-        files.append(path)
-        base = (yaml_data(path.read_text()) or {}).get("extends")
-        if not isinstance(base, str):
-            break
-        path = (path.parent / base).resolve()
-    return files
-
-
 def imported_sources() -> list[Path]:
     """The files of the modules this process imported, but for the standard library and
     installed packages (site-packages): seqmix itself, and a user's own mixers or tasks."""
@@ -170,7 +155,7 @@ class Jobs:
     """One study's jobs: paths, specs (as the JSON each command takes) and resources.
 
     Path patterns keep Snakemake's wildcards: ``run_file("model.pt")`` is
-    ``<results>/runs/{task}/{arch}/seed{seed}/model.pt`` (seqmix.study.table.Expansion.run_dir)."""
+    ``<results>/runs/{task}/{arch}/seed{seed}/model.pt`` (seqmix.expansion.table.Expansion.run_dir)."""
 
     def __init__(self, table: dict[str, Any]):
         self.table = table
@@ -293,15 +278,6 @@ class Jobs:
     def numerics(self) -> str:
         """The study's numerics (seqmix.numerics): what every job's shell pins."""
         return self.table["study"]["numerics"]
-
-    def expansion(self) -> Expansion:
-        """The typed, validated study, expanded (seqmix.study.table.Expansion). This imports the
-        config models, hence torch: for what runs once before the jobs (preflight), not for
-        parsing."""
-        from seqmix.study.load import validate_study
-        from seqmix.study.table import expand
-
-        return expand(validate_study(self.table["study"], source="the resolved study"))
 
     # -- notebooks ---------------------------------------------------------------------------
 

@@ -4,12 +4,16 @@ A module of its own that nothing imports, so that editing a definition is no run
 (seqmix.sources: a package's ``__init__`` is in the code of every job that imports from it).
 
 - profile: a config file describing a whole study (``config/config.yaml``, the quick one;
-  ``config/paper.yaml``); it may ``extends:`` another. How Snakemake runs the jobs (local,
+  ``config/paper.yaml``); it may ``extends:`` another. Read once per process, with what it
+  extends and any overrides (``seqmix.study.profile.read_profile``, a ``Profile``: its keys,
+  the files read, its numerics). How Snakemake runs the jobs (local,
   SLURM) is its *executor*: ``workflow/executors/``, passed to ``snakemake --profile``.
-- study: a profile read with the schema's defaults and validated (``settings.Study``).
-- expansion: a study expanded once (``table.expand``, a ``table.Expansion``): its tasks (sweeps
-  expanded), runs and analysis selections, with the paths and specs built from them; made once
-  per process and passed where the study was (the job table, the preflight, the plan).
+- study: a profile read with the schema's defaults and validated (``settings.Study``, made by
+  ``seqmix.expansion.validate``, the one place that validates with the task and mixer classes).
+- expansion: a study expanded once (``seqmix.expansion.table.expand``, an ``Expansion``): its
+  tasks (sweeps expanded), runs and analysis selections, with the paths and specs built from
+  them; made once per process and passed where the study was (the job table, the plan). The
+  preflight reads the specs it builds (``preflight.Specs``), from it or from the job table.
 - settings: the typed keys of one section of a profile (``TrainSettings`` is ``train:``);
   a task kind adds its own (``TaskSettings``), a mixer its ``Options`` (seqmix.mixers).
 - kind: what a task does (``mqar``, ``wikitext2``, ``snli``): a ``seqmix.tasks`` ``Task``
@@ -18,13 +22,13 @@ A module of its own that nothing imports, so that editing a definition is no run
   *variant*: one of several tasks of a kind, each with its own settings, data and runs); a
   ``sweep`` turns it into one task per point of its grid, ``<task>/<point>``
   (``mqar/L64-kv4/d64-lr0.001``), each carrying the values it sets (its ``axes``). The task
-  as written is its ``group``: the points of a sweep share its data. ``table.StudyTask``,
+  as written is its ``group``: the points of a sweep share its data. ``expansion.table.StudyTask``,
   named ``task`` in code (never ``v``).
 - run: one (task, architecture, seed), trained into ``<results_dir>/runs/<task>/<arch>/seed<k>/``;
   its *name* is ``<task>/<arch>/seed<k>`` (``TrainJob.run_name``), its logs' and messages'.
 - job: one Snakemake job (train a run, evaluate it, an analysis, a notebook); its *spec* is
   what it reads, a ``*Job`` model of ``jobs`` (``TrainJob`` for a run), given as JSON
-  (``--spec``); the *job table* lists every job of a study with its spec (``table.job_table``).
+  (``--spec``); the *job table* lists every job of a study with its spec (``expansion.table.job_table``).
 - kernel: a fast path of ``kernels/`` (``seqmix.kernels``), declared with the reference it
   equals by the mixer module that runs it (``seqmix.mixers.base.kernel``; listed by
   ``seqmix.mixers.declared_kernels()``). The f of an attention row a_j ∝ f(q·k_j) (exp

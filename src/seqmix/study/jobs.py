@@ -1,10 +1,10 @@
 """What one job receives: the typed spec of a training run, a data preparation or an
-analysis, built once from the validated study (seqmix.study.table) and passed to the job as JSON.
+analysis, built once from the validated study (seqmix.expansion.table) and passed to the job as JSON.
 Each spec holds what its job reads and nothing else, so that editing one part of a study
 reruns only the jobs that read it (Snakemake reruns a job whose params changed).
 
 Downstream code reads attributes (``spec.train.lr``), never ``.get(key, default)``: every
-default was filled when the config was validated (seqmix.study.load). A task's own settings
+default was filled when the config was validated (seqmix.expansion.validate). A task's own settings
 travel as the validated mapping and are typed by the task itself (``Task.settings``). Every
 job that computes with torch carries the study's ``numerics`` (seqmix.numerics), which the CLI
 applies before torch is imported.

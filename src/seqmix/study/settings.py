@@ -2,8 +2,8 @@
 key means, its type, its bounds and its default, in one place.
 
 A task kind's own settings are a ``TaskSettings`` subclass on its Task class (seqmix/tasks/),
-a mixer's options the ``Options`` dataclass of its module (seqmix/mixers/); seqmix.study.load
-puts them together and validates a config file against the whole.
+a mixer's options the ``Options`` dataclass of its module (seqmix/mixers/); seqmix.expansion.validate
+puts them together and validates a profile (as seqmix.study.profile reads it) against the whole.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
-from seqmix import REPO_ROOT, catalogue, numerics
+from seqmix import catalogue, numerics
 
 MIRROR_ENV = "SEQMIX_DATA_MIRROR"
-DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"  # the quick profile: what a command reads without --config
 
 ArchName = Literal[tuple(catalogue.mixer_names())]  # type: ignore[valid-type]
 NumericsMode = Literal[numerics.MODES]  # type: ignore[valid-type]

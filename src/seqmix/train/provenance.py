@@ -19,7 +19,7 @@ from seqmix.sources import Code
 PACKAGES = ("torch", "triton", "numpy", "datasets", "tokenizers", "snakemake", "seqmix")
 
 
-# What only the environment tells, set once per process by the CLI (seqmix.cli.read_environment):
+# What only the environment tells, set once per process by the CLI (seqmix.cli.environment.configure):
 # the GPU slot the job holds (seqmix.slots: "<gpu>/<slot index>"), in a copy of the checkout
 # without git's data (a GPU machine's) the commit it was made from, the numerics the command
 # asked for (seqmix.numerics) and the process's values of the variables that pin them.

@@ -1,7 +1,8 @@
 """A validated study expanded once: its tasks (sweeps expanded), its runs, what each analysis
 reads, where each run and each task's data live, and the spec every job receives (the words:
 seqmix.study.glossary). ``expand(study)`` makes it, an ``Expansion``, once per process; the job table,
-the preflight, the plan and the tools read that one object and never expand the study again.
+the plan and the tools read that one object and never expand the study again (the preflight reads
+the specs it builds: seqmix.preflight.Specs).
 
 Names: a task is ``<kind>`` or ``<kind>/<variant>``; a task with a ``sweep`` becomes one
 task per grid point, ``<task>/<point>`` (e.g. ``mqar/L64-kv4/d64-lr0.001``), whose ``group``
@@ -9,18 +10,20 @@ is the task it came from: the points of a sweep share the group's data directory
 result row carries the sweep's axes (``axes``) so that figures can pick the best point.
 
 ``job_table`` is all of it as JSON: what `python -m seqmix jobs` prints and the Snakefile
-builds its rules from (seqmix.study.dag), each job with the spec it reads and nothing else.
+builds its rules from (seqmix.study.dag), each job with the spec it reads and nothing else;
+``made_table`` is that with the files it was made from, as the command prints it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from seqmix import REPO_ROOT, catalogue
+from seqmix.expansion.validate import mixer_options, settings_of
 from seqmix.io import read_json
 from seqmix.mixers import mixer_class
 from seqmix.sources import EVALUATION, Reader, run_modules
@@ -35,7 +38,6 @@ from seqmix.study.jobs import (
     TokenizerJob,
     TrainJob,
 )
-from seqmix.study.load import mixer_options, settings_of
 from seqmix.study.settings import Budget, Study, TaskCommon, TrainSettings
 from seqmix.study.sweep import sweep_points
 from seqmix.tasks import task_class
@@ -380,3 +382,18 @@ def job_table(expansion: Expansion) -> dict[str, Any]:
                            "spec": expansion.sparsity_job([r]).model_dump_json()} for r in expansion.sparsity_runs],
         "code": job_code(expansion),
     }
+
+
+def made_table(expansion: Expansion, profile_files: Iterable[Path]) -> dict[str, Any]:
+    """What `python -m seqmix jobs` prints: the job table, the files it was made from with their
+    sha256 (the profile's, as read: seqmix.study.profile.Profile.files; every module this process
+    imported; every file of every job's code, whose digests the table holds) and the folder
+    listings it read (a notebook added is a new job's code). seqmix.study.dag reuses the table
+    while they all hold."""
+    from seqmix.study.dag import imported_sources, sha256_of
+
+    table = job_table(expansion)
+    code = [f for per in table["code"].values() for c in ([per] if "files" in per else per.values()) for f in c["files"]]
+    read = sorted({str(p) for p in [*profile_files, *imported_sources(), *code]})
+    listed = {NOTEBOOKS_GLOB: sorted(str(p) for p in REPO_ROOT.glob(NOTEBOOKS_GLOB))}
+    return {"jobs": table, "read": {p: sha256_of(p) for p in read}, "listed": listed}

@@ -1,10 +1,12 @@
-"""A profile (config/config.yaml, config/paper.yaml) read and validated at the door, every
-bad key named, into a study: typed, frozen pydantic models (``seqmix.study.settings``) that
-hold every default once. A task kind's own settings live on its ``Settings`` model and a
-mixer's options on its ``Options`` dataclass, so adding either never touches this file.
+"""A profile validated at the door, every bad key named, into a study: typed, frozen pydantic
+models (``seqmix.study.settings``) that hold every default once. A task kind's own settings
+live on its ``Settings`` model and a mixer's options on its ``Options`` dataclass, so adding
+either never touches this file: this is the one place that validates what needs those
+classes, hence torch, and it sits above seqmix.tasks and seqmix.mixers. Reading the profile
+(its file, ``extends``, overrides, numerics) is seqmix.study.profile's, below them.
 Tasks are named ``<kind>`` or ``<kind>/<variant>`` (several instances of one kind, each with
 its own data, runs and rows); a task's ``sweep`` expands it into one task per grid point
-(seqmix.study.table). Validating imports the task and mixer classes, so it needs torch.
+(seqmix.expansion.table).
 """
 
 from __future__ import annotations
@@ -13,17 +15,15 @@ import copy
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError, create_model
 
 from seqmix import REPO_ROOT, catalogue
 from seqmix.errors import ConfigError, problem_lines  # ConfigError: re-exported
-from seqmix.io import yaml_data
 from seqmix.mixers import mixer_class, options_model
-from seqmix.study.settings import DEFAULT_CONFIG, Study, StudyFile, TaskCommon, TaskSettings
+from seqmix.study.profile import Profile, read_profile
+from seqmix.study.settings import Study, StudyFile, TaskCommon, TaskSettings
 from seqmix.study.sweep import sweep_points, sweep_problems
 from seqmix.tasks import task_class
 
@@ -184,75 +184,23 @@ def _task_mixer_problems(study: Study, name: str, section: TaskCommon) -> list[s
 
 
 # ------------------------------------------------------------------------------------------
-# Loading.
+# Loading: a profile read (seqmix.study.profile), then validated.
 # ------------------------------------------------------------------------------------------
 
 
-def read_config_file(path: str | os.PathLike) -> dict:
-    """The raw mapping of a YAML config file (or a JSON object given as the string)."""
-    text = str(path)
-    if text.lstrip().startswith("{"):
-        return yaml_data(text)
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file {p} does not exist (try config/config.yaml)")
-    try:
-        raw = yaml_data(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config file {p} holds a {type(raw).__name__}, not a mapping of config keys")
-    return raw
+def validate_profile(profile: Profile) -> Study:
+    """The study of a profile read by seqmix.study.profile.read_profile."""
+    return validate_study(profile.raw, profile.source)
 
 
-def resolve_extends(raw: Mapping, origin: str | os.PathLike | None, _seen: tuple[Path, ...] = ()) -> dict:
-    """A profile that says ``extends: <file>`` is that file (resolved the same way) with its
-    own keys merged on top: mappings key by key, anything else (lists included) replaced.
-    ``<file>`` is relative to ``origin``, the directory of the profile that names it. This is
-    the only place a profile reads another: config/paper-smoke.yaml is config/paper.yaml
-    plus its cuts, never a copy that can drift."""
-    raw = dict(raw)
-    base_name = raw.pop("extends", None)
-    if base_name is None:
-        return raw
-    if not isinstance(base_name, str):
-        raise ConfigError(f"config key 'extends' must name one config file, got {base_name!r}")
-    base_path = Path(origin or ".") / base_name
-    if not base_path.exists():
-        raise ConfigError(f"config key 'extends': {base_path} does not exist (the path is relative to the "
-                          "directory of the file that names it)")
-    if base_path.resolve() in _seen:
-        raise ConfigError(f"config key 'extends': {base_path} extends itself through "
-                          + " -> ".join(map(str, _seen)))
-    base = resolve_extends(read_config_file(base_path), base_path.parent, (*_seen, base_path.resolve()))
-    return deep_merge(base, raw)
-
-
-def load_study(path: str | os.PathLike | None = None, overrides: Mapping | None = None) -> Study:
-    """Read one config file (default config/config.yaml) and what it ``extends``, apply
-    ``overrides``, validate.
+def load_study(config: str | os.PathLike | None = None, overrides: Mapping | None = None) -> Study:
+    """Read one profile (default config/config.yaml) and what it ``extends``, apply
+    ``overrides``, validate: ``validate_profile(read_profile(config, overrides))``.
 
     Exactly that profile plus the defaults: nothing is read from another profile unless the
     file says ``extends``.
     """
-    path = DEFAULT_CONFIG if path is None else path
-    raw = read_config_file(path)
-    is_json = str(path).lstrip().startswith("{")
-    source = "config given as JSON" if is_json else f"config file {path}"
-    raw = resolve_extends(raw, None if is_json else Path(path).parent, () if is_json else (Path(path).resolve(),))
-    if overrides:
-        raw = deep_merge(raw, overrides)
-    return validate_study(raw, source)
-
-
-def deep_merge(base: Mapping, override: Mapping) -> dict:
-    out = copy.deepcopy(dict(base))
-    for k, v in override.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
+    return validate_profile(read_profile(config, overrides))
 
 
 def config_schema() -> dict:
