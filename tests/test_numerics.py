@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from seqmix import catalogue, fingerprint, mkl_shim, numerics
+from seqmix.errors import ConfigError
 from seqmix.report import collect, quality_tables
 from seqmix.study import dag
 from seqmix.study.load import validate_study
@@ -488,7 +489,69 @@ def test_portable_fingerprint_is_the_one_docs_hosts_keeps(here):
 
 
 def test_every_recorded_portable_host_agrees():
+    """Every two portable entries of one torch version hold the same digests, whatever code
+    they were made from (a change that moves the bits is no refactoring); and there are such
+    pairs, so that the test compares something."""
     entries = [e for e in fingerprint.read_hosts(HOSTS) if e["mode"] == "portable" and e["pinned"]]
-    for e in entries[1:]:
-        assert e["digests"] == entries[0]["digests"] or e["sources"] != entries[0]["sources"], (
-            f"{e['cpu']} and {entries[0]['cpu']} recorded other portable fingerprints from the same code")
+    pairs = [(a, b) for i, a in enumerate(entries) for b in entries[i + 1:] if fingerprint.comparable(a, b)]
+    assert pairs, f"{HOSTS} holds no two portable entries of one torch version: nothing to compare"
+    assert {a["vendor"] for pair in pairs for a in pair} >= {"AuthenticAMD", "GenuineIntel"}
+    for a, b in pairs:
+        assert not fingerprint.differing(a, b), (
+            f"{fingerprint.host_name(a)} and {fingerprint.host_name(b)} recorded other portable fingerprints: "
+            f"{', '.join(fingerprint.differing(a, b))}")
+
+
+def hosts_copy(tmp_path: Path) -> tuple[Path, dict]:
+    """A copy of docs/hosts.md and its first portable entry."""
+    copy = tmp_path / "hosts.md"
+    copy.write_text(HOSTS.read_text())
+    return copy, next(e for e in fingerprint.read_hosts(copy) if e["mode"] == "portable" and e["pinned"])
+
+
+def test_a_portable_fingerprint_that_differs_is_refused_naming_the_mixers(tmp_path):
+    hosts, recorded = hosts_copy(tmp_path)
+    before = hosts.read_bytes()
+    other = {**recorded, "cpu": "Test CPU", "vendor": "GenuineIntel",
+             "digests": {**recorded["digests"], "mamba": "0" * 16, "softmax": "1" * 16, fingerprint.ALL: "2" * 16}}
+    with pytest.raises(ConfigError) as refused:
+        fingerprint.record(hosts, other, fingerprint.HOSTS_NOTES)
+    text = str(refused.value)
+    assert f"differs from #1 {fingerprint.host_name(recorded)} in 3 mixers: softmax (recorded " in text
+    assert "mamba (recorded" in text and "Nothing recorded" in text and "python -m tools.numerics_probe" in text
+    assert hosts.read_bytes() == before  # nothing replaced, nothing added
+    # The same host recorded again, in agreement: in place of its own entry, the others kept.
+    count = len(fingerprint.read_hosts(hosts))
+    again = {**recorded, "date": "2099-01-01", "compiler": "c++ (Test) 1.0", "glibc": "glibc 2.99"}
+    after = fingerprint.record(hosts, again, fingerprint.HOSTS_NOTES)
+    assert len(after) == count and again in after and recorded not in after
+    assert "c++ (Test) 1.0; glibc 2.99;" in hosts.read_text()
+    # Another torch version is not held to these digests; an unpinned run, a native one neither.
+    for entry in ({**other, "torch": "9.9.9"}, {**other, "pinned": False}, {**other, "mode": "native"}):
+        assert entry in fingerprint.record(hosts, entry, fingerprint.HOSTS_NOTES)
+    assert len(fingerprint.read_hosts(hosts)) == count + 3
+
+
+def test_another_hosts_fingerprint_is_recorded_from_its_out_file(tmp_path, capsys):
+    """`--record FILE --from OUT`: another host's `--out` JSON joins the hosts file by the same
+    check as this host's, with nothing trained here."""
+    from seqmix.cli import main
+
+    hosts, recorded = hosts_copy(tmp_path)
+    out = {**recorded, "cpu": "Test CPU", "flags": "avx avx2 fma", "torch": recorded["torch"],
+           "digests": {k: v + "0" * 48 for k, v in recorded["digests"].items()}, "numerics": {"mode": "portable"}}
+    (tmp_path / "agrees.json").write_text(json.dumps(out))
+    assert main(["fingerprint", "--record", str(hosts), "--from", str(tmp_path / "agrees.json")]) == 0
+    added = [e for e in fingerprint.read_hosts(hosts) if e["cpu"] == "Test CPU"]
+    assert len(added) == 1 and added[0]["digests"] == recorded["digests"] and "numerics" not in added[0]
+    assert capsys.readouterr().out.splitlines()[-1].split() == [fingerprint.ALL, recorded["digests"][fingerprint.ALL]]
+    before = hosts.read_bytes()
+    out["cpu"], out["digests"] = "Deviating CPU", {**out["digests"], "gla": "f" * 64, fingerprint.ALL: "e" * 64}
+    (tmp_path / "differs.json").write_text(json.dumps(out))
+    assert main(["fingerprint", "--record", str(hosts), "--from", str(tmp_path / "differs.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {hosts} records portable fingerprints of torch {recorded['torch']}")
+    assert "in 2 mixers: gla (recorded" in err and err.count("\n") == 1 and hosts.read_bytes() == before
+    (tmp_path / "other.json").write_text(json.dumps({"cpu": "x"}))
+    assert main(["fingerprint", "--record", str(hosts), "--from", str(tmp_path / "other.json")]) == 2
+    assert "other.json is not a fingerprint (no vendor," in capsys.readouterr().err
