@@ -155,8 +155,11 @@ def fingerprint(mode: str) -> dict[str, str]:
 
 
 def lines(digests: dict[str, str], width: int = 16) -> list[str]:
-    """What the command prints: one line per mixer and one for all, digests cut to ``width``."""
-    return [f"{name:<15} {digest[:width]}" for name, digest in digests.items()]
+    """What the command prints: one line per mixer in the catalogue's order and one for all,
+    digests cut to ``width``."""
+    order = [*catalogue.mixer_names(), ALL]
+    names = sorted(digests, key=lambda n: (order.index(n) if n in order else len(order), n))
+    return [f"{name:<15} {digests[name][:width]}" for name in names]
 
 
 def host_record(mode: str) -> dict[str, str]:
@@ -295,14 +298,15 @@ def refusal(path, entries: list[dict], entry: dict) -> str | None:
     if not against:
         return None
     i, e, names = against[0]
+    mixers = [n for n in names if n != ALL]
     shown = ", ".join(f"{n} (recorded {e['digests'][n][:16]}, this one {entry['digests'][n][:16]})" for n in names)
     text = (f"{path} records portable fingerprints of torch {entry.get('torch')} that this one, of "
-            f"{host_name(entry)}, does not match: it differs from #{i} {host_name(e)} in {len(names)} "
-            f"mixer{'s' if len(names) > 1 else ''}: {shown}"
+            f"{host_name(entry)}, does not match: it differs from #{i} {host_name(e)} in {len(mixers)} "
+            f"mixer{'s' if len(mixers) != 1 else ''}: {shown}"
             + (f", and from {len(against) - 1} more entr{'ies' if len(against) > 2 else 'y'}" if len(against) > 1 else "")
             + ". Nothing recorded: under portable numerics every host trains every mixer to the same bits, so one that "
-            f"differs is a defect of the pinning on one of them; run `{PROBE}` on this host to find which library "
-            "moves the bits, and fix the pinning (seqmix/numerics.py)")
+            f"differs is a defect of the pinning on one of them; run `{PROBE}` on the host that made this one to "
+            "find which library moves the bits, and fix the pinning (seqmix/numerics.py)")
     if other := [f"{k} {e[k]!r} there, {entry[k]!r} here" for k in ("compiler", "glibc")
                  if e.get(k) and entry.get(k) and e[k] != entry[k]]:
         text += f"; the hosts' toolchains differ ({'; '.join(other)}), with which Mamba's fused CPU scan is built"
