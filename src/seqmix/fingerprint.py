@@ -73,10 +73,11 @@ What is known per library (the evidence: docs/numerics-probe.md, tests/test_nume
   several times slower. A host with another compiler version or glibc can differ in Mamba alone.
   The extension is linked without -ffast-math, so it does not turn on flush-to-zero for the
   process.
-- An Intel Xeon with AVX-512 and AMX gives the AMD EPYC's portable fingerprint in every mixer, and
-  natively other bits in every mixer (the entries below). Not yet seen: a host without AVX-512,
-  or with another compiler or glibc. Add one: `python -m seqmix fingerprint --numerics portable
-  --out FILE` on it, then `python -m seqmix fingerprint --record docs/hosts.md --from FILE`.
+- An Intel Xeon with AVX-512 and AMX, and an AMD EPYC that exposes AVX2 but not AVX-512, give the
+  portable fingerprint of the AMD EPYC with AVX-512 in every mixer; natively each gives other bits
+  (the entries below). Not yet recorded: a host with another compiler or glibc, or another torch
+  version. Add one: `python -m seqmix fingerprint --numerics portable --out FILE` on it, then
+  `python -m seqmix fingerprint --record docs/hosts.md --from FILE` here.
 """
 CONFIG = REPO_ROOT / "config" / "fingerprint.yaml"  # the models, their shapes and steps
 ALL = "all"  # the line that hashes every mixer's
