@@ -1,12 +1,12 @@
 """The study's numerics (seqmix/numerics.py, README "Numerics"): read before torch, applied to
-every job, oneMKL's shim built and loaded (its vendor check answered as Intel, its square root
-IEEE's), refused on a host below the minimum, recorded and reported; and the fingerprint that
+every job, oneMKL's shim (seqmix/mkl_shim.c) built, checked and loaded, refused on a host below the minimum, recorded and reported; and the fingerprint that
 proves the pinning: unchanged on this host made to look AVX2-only (while native changes),
 changed without the shim (and the same with the shim preloaded instead), and equal to the one
 docs/hosts.md keeps."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from seqmix import catalogue, fingerprint, mkl_shim, numerics
+from seqmix.errors import ConfigError
 from seqmix.expansion.table import expand, job_table
 from seqmix.expansion.validate import validate_study
 from seqmix.report import collect, quality_tables
@@ -90,16 +91,74 @@ def test_the_shim_is_built_once_whole_and_keyed_by_its_source(tmp_path, monkeypa
     if mkl_shim.compiler() is None:
         skip_or_fail("no C compiler (cc) here: portable numerics build their oneMKL shim with it", "SEQMIX_REQUIRE_COMPILER")
     first = mkl_shim.build(tmp_path)
+    digest = first.with_name(first.name + mkl_shim.DIGEST)
     assert first == mkl_shim.path(tmp_path) and first.is_file() and first.name.startswith(mkl_shim.PREFIX)
-    assert mkl_shim.build(tmp_path) == first and sorted(tmp_path.iterdir()) == [first]  # no build left behind
+    assert mkl_shim.build(tmp_path) == first and sorted(tmp_path.iterdir()) == [first, digest]  # no build left behind
+    assert mkl_shim.intact(first) and digest.read_text().strip() == hashlib.sha256(first.read_bytes()).hexdigest()
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(first)], capture_output=True, text=True).stdout
-    assert {"mkl_serv_intel_cpu_true", "mkl_serv_intel_cpu", "mkl_serv_cpuiszen"} <= set(symbols.split())
-    monkeypatch.setattr(mkl_shim, "SOURCE", mkl_shim.SOURCE + "/* edited */\n")
+    assert {"mkl_serv_intel_cpu_true", "mkl_serv_intel_cpu", "mkl_serv_cpuiszen", "vmsSqrt"} <= set(symbols.split())
+    # Built elsewhere, the same bytes: two jobs building at once rename the same library into place.
+    assert mkl_shim.build(tmp_path / "again").read_bytes() == first.read_bytes()
+    # The probe's build of the vendor answer alone: the same function, another key.
+    vendor = mkl_shim.build(tmp_path / "probe", vendor_check_only=True)
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(vendor)], capture_output=True, text=True).stdout
+    assert "mkl_serv_intel_cpu" in symbols.split() and "vmsSqrt" not in symbols.split() and vendor.name != first.name
+    edited = tmp_path / "source" / "mkl_shim.c"
+    edited.parent.mkdir()
+    edited.write_text(mkl_shim.SOURCE.read_text() + "/* edited */\n")
+    monkeypatch.setattr(mkl_shim, "SOURCE", edited)
     assert mkl_shim.build(tmp_path) != first  # another source, another library
-    monkeypatch.setattr(mkl_shim, "SOURCE", "not C")
+    edited.write_text("not C")
     with pytest.raises(mkl_shim.ShimError, match="failed"):
         mkl_shim.build(tmp_path)
-    assert len(list(tmp_path.iterdir())) == 2
+    assert len([p for p in tmp_path.iterdir() if p.is_file()]) == 4  # two libraries and their digests
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten", "no digest"])
+def test_a_cached_shim_that_is_not_the_one_built_is_built_again(tmp_path, damage):
+    """A cached library is checked before it is loaded: one truncated (a full disk, a copy cut
+    short), overwritten or without its digest is built again, whole. Loaded as it was, a
+    truncated one killed every command with SIGBUS (exit 135) and no message."""
+    if mkl_shim.compiler() is None:
+        skip_or_fail("no C compiler (cc) here: portable numerics build their oneMKL shim with it", "SEQMIX_REQUIRE_COMPILER")
+    library = mkl_shim.build(tmp_path / "seqmix")
+    built = library.read_bytes()
+    if damage == "truncated":
+        os.truncate(library, 4096)
+    elif damage == "overwritten":
+        library.write_bytes(built[:1000] + bytes(64) + built[1064:])
+    else:
+        library.with_name(library.name + mkl_shim.DIGEST).unlink()
+    assert not mkl_shim.intact(library)
+    env = {**{k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"},
+           "PYTHONPATH": str(REPO / "src"), mkl_shim.CACHE_ENV: str(tmp_path)}
+    code = ("import sys, types; from seqmix import cli, mkl_shim; "
+            "cli.pin_numerics(types.SimpleNamespace(asked_numerics='portable')); print(mkl_shim.loaded())")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    assert proc.stdout.strip() == str(library) and library.read_bytes() == built and mkl_shim.intact(library)
+    # A command, as every job runs one: the same, from a damaged cache.
+    os.truncate(library, 4096)
+    proc = subprocess.run([sys.executable, "-m", "seqmix", "where", "results", "--config", str(REPO / "config" / "config.yaml")],
+                          env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    assert library.read_bytes() == built
+
+
+def test_jobs_building_the_shim_at_once_each_load_a_whole_one(tmp_path):
+    """Four processes building into one empty cache at once (a study's first jobs): each loads
+    a whole library, and the cache ends with one library and its digest, intact."""
+    if mkl_shim.compiler() is None:
+        skip_or_fail("no C compiler (cc) here: portable numerics build their oneMKL shim with it", "SEQMIX_REQUIRE_COMPILER")
+    code = "import sys; from pathlib import Path; from seqmix import mkl_shim; print(mkl_shim.load(Path(sys.argv[1])))"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [(p.communicate(), p.returncode) for p in procs]
+    assert all(rc == 0 for _, rc in outs), [err[-500:] for (_, err), _ in outs]
+    library = mkl_shim.path(tmp_path)
+    assert {out.strip() for (out, _), _ in outs} == {str(library)} and mkl_shim.intact(library)
+    assert sorted(tmp_path.iterdir()) == [library, library.with_name(library.name + mkl_shim.DIGEST)]
 
 
 def test_the_cli_loads_the_shim_for_portable_only(tmp_path):
@@ -468,7 +527,69 @@ def test_portable_fingerprint_is_the_one_docs_hosts_keeps(here):
 
 
 def test_every_recorded_portable_host_agrees():
+    """Every two portable entries of one torch version hold the same digests, whatever code
+    they were made from (a change that moves the bits is no refactoring); and there are such
+    pairs, so that the test compares something."""
     entries = [e for e in fingerprint.read_hosts(HOSTS) if e["mode"] == "portable" and e["pinned"]]
-    for e in entries[1:]:
-        assert e["digests"] == entries[0]["digests"] or e["sources"] != entries[0]["sources"], (
-            f"{e['cpu']} and {entries[0]['cpu']} recorded other portable fingerprints from the same code")
+    pairs = [(a, b) for i, a in enumerate(entries) for b in entries[i + 1:] if fingerprint.comparable(a, b)]
+    assert pairs, f"{HOSTS} holds no two portable entries of one torch version: nothing to compare"
+    assert {a["vendor"] for pair in pairs for a in pair} >= {"AuthenticAMD", "GenuineIntel"}
+    for a, b in pairs:
+        assert not fingerprint.differing(a, b), (
+            f"{fingerprint.host_name(a)} and {fingerprint.host_name(b)} recorded other portable fingerprints: "
+            f"{', '.join(fingerprint.differing(a, b))}")
+
+
+def hosts_copy(tmp_path: Path) -> tuple[Path, dict]:
+    """A copy of docs/hosts.md and its first portable entry."""
+    copy = tmp_path / "hosts.md"
+    copy.write_text(HOSTS.read_text())
+    return copy, next(e for e in fingerprint.read_hosts(copy) if e["mode"] == "portable" and e["pinned"])
+
+
+def test_a_portable_fingerprint_that_differs_is_refused_naming_the_mixers(tmp_path):
+    hosts, recorded = hosts_copy(tmp_path)
+    before = hosts.read_bytes()
+    other = {**recorded, "cpu": "Test CPU", "vendor": "GenuineIntel",
+             "digests": {**recorded["digests"], "mamba": "0" * 16, "softmax": "1" * 16, fingerprint.ALL: "2" * 16}}
+    with pytest.raises(ConfigError) as refused:
+        fingerprint.record(hosts, other, fingerprint.HOSTS_NOTES)
+    text = str(refused.value)
+    assert f"differs from #1 {fingerprint.host_name(recorded)} in 2 mixers: softmax (recorded " in text
+    assert "mamba (recorded" in text and "Nothing recorded" in text and "python -m tools.numerics_probe" in text
+    assert hosts.read_bytes() == before  # nothing replaced, nothing added
+    # The same host recorded again, in agreement: in place of its own entry, the others kept.
+    count = len(fingerprint.read_hosts(hosts))
+    again = {**recorded, "date": "2099-01-01", "compiler": "c++ (Test) 1.0", "glibc": "glibc 2.99"}
+    after = fingerprint.record(hosts, again, fingerprint.HOSTS_NOTES)
+    assert len(after) == count and again in after and recorded not in after
+    assert "c++ (Test) 1.0; glibc 2.99;" in hosts.read_text()
+    # Another torch version is not held to these digests; an unpinned run, a native one neither.
+    for entry in ({**other, "torch": "9.9.9"}, {**other, "pinned": False}, {**other, "mode": "native"}):
+        assert entry in fingerprint.record(hosts, entry, fingerprint.HOSTS_NOTES)
+    assert len(fingerprint.read_hosts(hosts)) == count + 3
+
+
+def test_another_hosts_fingerprint_is_recorded_from_its_out_file(tmp_path, capsys):
+    """`--record FILE --from OUT`: another host's `--out` JSON joins the hosts file by the same
+    check as this host's, with nothing trained here."""
+    from seqmix.cli import main
+
+    hosts, recorded = hosts_copy(tmp_path)
+    out = {**recorded, "cpu": "Test CPU", "flags": "avx avx2 fma", "torch": recorded["torch"],
+           "digests": {k: v + "0" * 48 for k, v in recorded["digests"].items()}, "numerics": {"mode": "portable"}}
+    (tmp_path / "agrees.json").write_text(json.dumps(out))
+    assert main(["fingerprint", "--record", str(hosts), "--from", str(tmp_path / "agrees.json")]) == 0
+    added = [e for e in fingerprint.read_hosts(hosts) if e["cpu"] == "Test CPU"]
+    assert len(added) == 1 and added[0]["digests"] == recorded["digests"] and "numerics" not in added[0]
+    assert capsys.readouterr().out.splitlines()[-1].split() == [fingerprint.ALL, recorded["digests"][fingerprint.ALL]]
+    before = hosts.read_bytes()
+    out["cpu"], out["digests"] = "Deviating CPU", {**out["digests"], "gla": "f" * 64, fingerprint.ALL: "e" * 64}
+    (tmp_path / "differs.json").write_text(json.dumps(out))
+    assert main(["fingerprint", "--record", str(hosts), "--from", str(tmp_path / "differs.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {hosts} records portable fingerprints of torch {recorded['torch']}")
+    assert "in 1 mixer: gla (recorded" in err and err.count("\n") == 1 and hosts.read_bytes() == before
+    (tmp_path / "other.json").write_text(json.dumps({"cpu": "x"}))
+    assert main(["fingerprint", "--record", str(hosts), "--from", str(tmp_path / "other.json")]) == 2
+    assert "other.json is not a fingerprint (no vendor," in capsys.readouterr().err

@@ -5,6 +5,7 @@ made by other code. (How a code change reruns and retrains: tests/test_reruns.py
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +13,7 @@ import pandas as pd
 from seqmix import REPO_ROOT
 from seqmix.report.collect import code_of
 from seqmix.report.quality_tables import code_text
-from seqmix.sources import changed, closure, digests, run_modules
+from seqmix.sources import changed, closure, digests, run_modules, shown
 
 PACKAGE = REPO_ROOT / "src" / "seqmix"
 
@@ -36,12 +37,77 @@ def test_a_runs_sources_are_its_mixer_its_task_and_training_not_the_other_mixers
 
 
 def test_a_library_installed_inside_the_checkout_is_not_the_projects(tmp_path, monkeypatch):
+    # Told by name, not by folder: `make install`'s .venv/ is in the checkout, and torch there
+    # is a library's all the same; seqmix is the project's wherever it is installed.
     import seqmix.sources as sources
 
-    venv = REPO_ROOT / ".venv-test-sources" / "lib" / "site-packages"
-    monkeypatch.setattr(sources, "library_dirs", lambda: frozenset({venv.resolve()}))
-    assert not sources.of_this_project(venv / "torch" / "__init__.py")
-    assert sources.of_this_project(PACKAGE / "io.py") and sources.of_this_project(tmp_path / "mymixer.py")
+    assert not sources.of_this_project("torch") and not sources.of_this_project("yaml.loader")
+    assert sources.of_this_project("seqmix.io") and sources.of_this_project("seqmix.kernels.gla")
+    assert not sources.of_this_project("mymixer")  # a user's module counts where the catalogue or a job names it
+    assert sources.of_this_project("mymixer.helpers", sources.named_packages(["mymixer"]))
+    venv = Path(sources.module_file("torch")).parents[1]
+    assert not any(p.is_relative_to(venv) for p in closure(run_modules("mamba", "mqar")))
+
+
+def test_a_users_mixer_counts_and_the_libraries_it_imports_do_not(tmp_path, monkeypatch):
+    from seqmix import catalogue
+
+    lab = tmp_path / "mylab"
+    lab.mkdir()
+    (lab / "__init__.py").write_text("")
+    (lab / "mixer.py").write_text("import yaml\nfrom mylab import helpers\nfrom seqmix.mixers.base import Mixer\n")
+    (lab / "helpers.py").write_text("import numpy as np\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mine = catalogue.MixerEntry(name="mine", path="mylab.mixer:Mine", title="Mine", colour="#000001")
+    monkeypatch.setattr(catalogue, "MIXERS", (*catalogue.MIXERS, mine))
+    found = closure(run_modules("mine", "mqar"))
+    assert {lab / "__init__.py", lab / "mixer.py", lab / "helpers.py", PACKAGE / "mixers" / "base.py"} <= set(found)
+    assert all(p.is_relative_to(lab) or p.is_relative_to(REPO_ROOT / "src") or p.is_relative_to(REPO_ROOT / "kernels")
+               for p in found), [p for p in found if not p.is_relative_to(REPO_ROOT)]
+
+
+# What `pip install --target deps` of PyYAML leaves, with deps on PYTHONPATH: seqmix.io imports
+# yaml, and so does the README's single run (grassmann on wikitext2).
+ON_A_PATH_ENTRY = """
+import json, sys, yaml
+from seqmix.sources import code_of, run_modules, shown
+from seqmix.study import dag
+assert yaml.__file__.startswith(sys.argv[1]), yaml.__file__
+code = code_of(run_modules("grassmann", "wikitext2"))
+print(json.dumps({"files": [shown(p) for p in code.files], "digest": code.digest,
+                  "imported": [str(p) for p in dag.imported_sources()]}))
+"""
+
+
+def test_a_runs_code_is_the_same_with_its_libraries_on_a_path_entry(tmp_path):
+    """A library reached through a path entry (PYTHONPATH, `pip install --target`, a cluster's
+    environment modules) is no more the project's than one in site-packages: the same files and
+    digest as here, and the job table's cache key (seqmix.study.dag.imported_sources) holds none
+    of it either."""
+    import shutil
+    import subprocess
+    import sys
+
+    import yaml
+
+    from seqmix.sources import code_of
+    from seqmix.study import dag
+
+    deps = tmp_path / "deps"
+    installed = Path(yaml.__file__).parent
+    shutil.copytree(installed, deps / "yaml", ignore=shutil.ignore_patterns("__pycache__"))
+    for info in installed.parent.glob("[Pp]y[Yy][Aa][Mm][Ll]-*.dist-info"):
+        shutil.copytree(info, deps / info.name)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(deps), str(REPO_ROOT / "src")])}
+    out = subprocess.run([sys.executable, "-c", ON_A_PATH_ENTRY, str(deps)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    there = json.loads(out.stdout)
+    here = code_of(run_modules("grassmann", "wikitext2"))
+    assert there["files"] == [shown(p) for p in here.files] and there["digest"] == here.digest
+    assert "src/seqmix/io.py" in there["files"]
+    assert not [f for f in there["imported"] if f.startswith(str(deps))]
+    assert str(PACKAGE / "study" / "dag.py") in there["imported"] and str(PACKAGE / "io.py") in there["imported"]
+    assert set(map(str, dag.imported_sources())) >= {str(PACKAGE / "study" / "dag.py")}
 
 
 def test_a_run_made_by_other_code_is_told_apart(tmp_path, monkeypatch):

@@ -7,9 +7,8 @@ A small 2-layer attention language model (the fingerprint's softmax run: MQAR's 
 thread on one fixed batch, in a fresh process per setting, and the SHA-256 of its weights:
 each library's pin on and off (ATEN_CPU_CAPABILITY, MKL_CBWR, ONEDNN_MAX_CPU_ISA), the host
 made to look like one without AVX-512 (MKL_ENABLE_INSTRUCTIONS=AVX2 on top), seqmix's two
-numerics, and the same with oneMKL's shim (seqmix/mkl_shim.py: its vendor check answered as
-Intel, its single square root IEEE's), loaded in the process as the CLI loads it or by
-LD_PRELOAD. Each row names the oneMKL branch and ATen capability the process reported running,
+numerics, and the same with oneMKL's shim (seqmix/mkl_shim.c: what it answers and why), loaded
+in the process as the CLI loads it or by LD_PRELOAD. Each row names the oneMKL branch and ATen capability the process reported running,
 and its time (noisy where the machine is shared). Then oneMKL's single square root, the one
 kernel of its AVX2 branch that ATen calls and that uses an approximate instruction
 (``vrsqrtps``, whose results differ between vendors; its matrix products, FFTs and its vector
@@ -129,10 +128,7 @@ def sqrt_rounding() -> dict:
     with it whole; and tools/vml_sqrt.c ("recomputed": None where this CPU lacks AVX-512F)."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "vendor.c").write_text(mkl_shim.VENDOR_CHECK)  # oneMKL's own square root
-        vendor = Path(tmp) / "libvendor.so"
-        subprocess.run([mkl_shim.compiler(), *mkl_shim.FLAGS, "-o", str(vendor), str(Path(tmp) / "vendor.c")],
-                       check=True)
+        vendor = mkl_shim.build(Path(tmp), vendor_check_only=True)  # oneMKL's own square root
         for name, shim in (("none", NONE), ("vendor", PRELOAD), ("shim", LOAD)):
             env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"}
             env.update(PORTABLE, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
@@ -277,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     isa = " ".join(f for f in flags if f.startswith(("avx", "fma", "amx")))
     import torch
 
-    shim_text = ("The rows 'with the shim' run oneMKL with its vendor check answered as Intel and its single square "
-                 "root IEEE's (seqmix/mkl_shim.py, what portable loads on every host): its dispatch as on an Intel CPU, "
+    shim_text = ("The rows 'with the shim' run oneMKL with its shim loaded (seqmix/mkl_shim.c: what it answers and "
+                 "why; what portable loads on every host): its dispatch as on an Intel CPU, "
                  "the instructions on this one.")
     lines = [
         "# Which library changes the bits: issue 42's probe on this host", "",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from typing import Any
 
 import torch
@@ -25,14 +26,14 @@ from seqmix.study.jobs import TrainJob
 HOSTS_NOTES = """\
 `numerics: portable` (the default) pins ATen to its AVX2 kernels, oneDNN to AVX2 and oneMKL to
 its AVX2 conditional-numerical-reproducibility branch in STRICT mode, capped at AVX2, on one
-thread, and loads into every job a small library built with the machine's C compiler once
-(seqmix/mkl_shim.py) that answers oneMKL's vendor check as Intel and makes `torch.sqrt` IEEE's.
-A host needs x86-64 with AVX2 and FMA and a C compiler. Every such host should give the portable
-fingerprint below: one that differs, with the code it was made from unchanged
-(tests/test_numerics.py checks both), is a defect of the pinning to find on that host
-(`python -m tools.numerics_probe` tells which library moves the bits), not a value to record.
-`native` fingerprints are listed for comparison: they differ between hosts of other instruction
-sets or vendors.
+thread, and loads into every job oneMKL's shim, built with the machine's C compiler once (what
+it answers and why: seqmix/mkl_shim.c). A host needs x86-64 with AVX2 and FMA and a C compiler.
+Every such host should give the portable fingerprint below with the same torch version: one that
+differs is a defect of the pinning to find on that host (`python -m tools.numerics_probe` tells
+which library moves the bits), not a value to record, and `--record` refuses it, naming the
+mixers; tests/test_numerics.py checks this host against the entries and every pair of entries of
+one torch version against each other. `native` fingerprints are listed for comparison: they
+differ between hosts of other instruction sets or vendors.
 
 What is known per library (the evidence: docs/numerics-probe.md, tests/test_numerics.py):
 
@@ -43,10 +44,6 @@ What is known per library (the evidence: docs/numerics-probe.md, tests/test_nume
   `AVX2,STRICT` on AMD and runs `mkl_blas_avx2_sgemm_kernel_0_cnr`, `mkl_dft_avx2_*` and
   `mkl_vml_kernel_s*_L9HAynn`, Intel's AVX2 kernels; the weights are the same whether the shim is
   loaded in the process (as seqmix does) or by `LD_PRELOAD`, and differ without it.
-- The shim relies on oneMKL's internal vendor check (`mkl_serv_intel_cpu_true`,
-  `mkl_serv_intel_cpu`, `mkl_serv_cpuiszen`), which Intel does not document or support: a oneMKL
-  that renames these functions ignores it; the run's provenance then says oneMKL ran AUTO, the
-  report flags its runs as not pinned, and the fingerprint test fails.
 - Intel's kernels run on another vendor's CPU: additions, multiplications, FMAs, divisions and
   square roots round alike on every x86-64 CPU, the approximate `rcpps`/`rsqrtps` do not. In the
   wheel's oneMKL (`objdump -d` of libtorch_cpu.so), no matrix-product or FFT kernel uses them,
@@ -76,8 +73,11 @@ What is known per library (the evidence: docs/numerics-probe.md, tests/test_nume
   several times slower. A host with another compiler version or glibc can differ in Mamba alone.
   The extension is linked without -ffast-math, so it does not turn on flush-to-zero for the
   process.
-- Not yet seen: a host of another vendor. Add one with
-  `python -m seqmix fingerprint --numerics portable --record docs/hosts.md`.
+- An Intel Xeon with AVX-512 and AMX, and an AMD EPYC that exposes AVX2 but not AVX-512, give the
+  portable fingerprint of the AMD EPYC with AVX-512 in every mixer; natively each gives other bits
+  (the entries below). Not yet recorded: a host with another compiler or glibc, or another torch
+  version. Add one: `python -m seqmix fingerprint --numerics portable --out FILE` on it, then
+  `python -m seqmix fingerprint --record docs/hosts.md --from FILE` here.
 """
 CONFIG = REPO_ROOT / "config" / "fingerprint.yaml"  # the models, their shapes and steps
 ALL = "all"  # the line that hashes every mixer's
@@ -156,8 +156,11 @@ def fingerprint(mode: str) -> dict[str, str]:
 
 
 def lines(digests: dict[str, str], width: int = 16) -> list[str]:
-    """What the command prints: one line per mixer and one for all, digests cut to ``width``."""
-    return [f"{name:<15} {digest[:width]}" for name, digest in digests.items()]
+    """What the command prints: one line per mixer in the catalogue's order and one for all,
+    digests cut to ``width``."""
+    order = [*catalogue.mixer_names(), ALL]
+    names = sorted(digests, key=lambda n: (order.index(n) if n in order else len(order), n))
+    return [f"{name:<15} {digests[name][:width]}" for name in names]
 
 
 def host_record(mode: str) -> dict[str, str]:
@@ -165,6 +168,37 @@ def host_record(mode: str) -> dict[str, str]:
     flags = numerics.cpu_flags()
     return {"cpu": numerics.cpu_model(), "vendor": numerics.cpu_vendor(), "vector_isa": numerics.vector_isa(flags),
             "flags": " ".join(f for f in flags if f.startswith(("avx", "fma", "sse", "amx"))), "mode": mode}
+
+
+def toolchain() -> dict[str, str | None]:
+    """The C++ compiler that builds Mamba's fused CPU scan on this host (torch's extension
+    builder: $CXX, else c++) and the glibc whose vector exp it calls: that mixer's bits are
+    theirs (docs/hosts.md). None where there is none."""
+    import subprocess
+
+    try:
+        version = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    return {"compiler": version.splitlines()[0] if version else None,
+            "glibc": os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else None}
+
+
+def measure(mode: str) -> dict[str, Any]:
+    """This host's fingerprint under ``mode`` as `--out` writes it: the host, its toolchain, the
+    digests in full, the code they depend on and the numerics that ran (trained in this process,
+    whose libraries the CLI pinned before torch was imported)."""
+    import datetime
+
+    from seqmix.train import provenance
+
+    digests = fingerprint(mode)
+    state = provenance.numerics_record()
+    found = sources()
+    return {**host_record(mode), "pinned": state["pinned"], "date": datetime.date.today().isoformat(),
+            "commit": commit_of(found), "torch": torch.__version__, **toolchain(), "digests": digests,
+            "sources": found, "numerics": state}
 
 
 def sources() -> dict[str, str]:
@@ -196,6 +230,12 @@ def commit_of(sources: dict[str, str]) -> str:
 # ------------------------------------------------------------------------------------------
 
 HOSTS_BEGIN, HOSTS_END = "<!-- hosts:", "-->"
+# What an entry keeps of a fingerprint (`--out`'s JSON): the host, its toolchain, the digests cut
+# to 16 hex digits and the code they depend on. torch, compiler and glibc: None in a fingerprint
+# made before they were recorded.
+HOST_KEYS = ("cpu", "vendor", "vector_isa", "flags", "mode", "pinned", "date", "commit")
+TOOLCHAIN_KEYS = ("torch", "compiler", "glibc")
+PROBE = "python -m tools.numerics_probe"  # what tells which library moves the bits on a host
 
 
 def read_hosts(path) -> list[dict]:
@@ -214,9 +254,68 @@ def read_hosts(path) -> list[dict]:
     return json.loads(text[start + len(HOSTS_BEGIN):text.index(HOSTS_END, start)])
 
 
+def entry_of(found: dict, where: str = "the fingerprint") -> dict:
+    """The hosts file's entry for a fingerprint as `--out` writes it (``measure``), from this
+    host or another; ConfigError naming ``where`` for a JSON that is not one."""
+    from seqmix.errors import ConfigError
+
+    missing = [k for k in (*HOST_KEYS, "digests", "sources") if k not in found]
+    if missing or not isinstance(found["digests"], dict) or ALL not in found["digests"]:
+        raise ConfigError(f"{where} is not a fingerprint (no {', '.join(missing) or ALL + ' digest'}): give the "
+                          "JSON `python -m seqmix fingerprint --out FILE` wrote on that host")
+    return {**{k: found[k] for k in HOST_KEYS}, **{k: found.get(k) for k in TOOLCHAIN_KEYS},
+            "digests": {k: v[:16] for k, v in found["digests"].items()}, "sources": found["sources"]}
+
+
+def comparable(a: dict, b: dict) -> bool:
+    """Two entries that must hold the same digests: both portable and pinned, of one torch
+    version (on every host; another torch version may compute otherwise)."""
+    return all(e["mode"] == "portable" and e["pinned"] for e in (a, b)) and a.get("torch") == b.get("torch")
+
+
+def differing(a: dict, b: dict) -> list[str]:
+    """The mixers both entries hold whose digests differ (and "all" where they hold the same mixers)."""
+    shared = [n for n in a["digests"] if n in b["digests"] and (n != ALL or a["digests"].keys() == b["digests"].keys())]
+    return [n for n in shared if a["digests"][n][:16] != b["digests"][n][:16]]
+
+
 def same_host(a: dict, b: dict) -> bool:
-    """One entry per CPU model, vendor, instruction sets and mode: a new one replaces it."""
-    return all(a[k] == b[k] for k in ("cpu", "vendor", "flags", "mode"))
+    """One entry per host: CPU model, vendor, instruction sets, numerics, whether pinned and
+    toolchain (compiler and glibc where both entries know them)."""
+    known = [k for k in ("compiler", "glibc") if a.get(k) and b.get(k)]
+    return all(a.get(k) == b.get(k) for k in ("cpu", "vendor", "flags", "mode", "pinned", "torch", *known))
+
+
+def host_name(e: dict) -> str:
+    return f"{e['cpu']} ({e['vendor']}, {e['vector_isa']}; torch {e.get('torch') or 'unknown'})"
+
+
+def refusal(path, entries: list[dict], entry: dict) -> str | None:
+    """Why ``entry`` may not join ``entries``: a portable fingerprint that differs from a recorded
+    one of the same torch version (which mixers, and how to find the cause); None where it may."""
+    from seqmix.sources import changed
+
+    against = [(i, e, d) for i, e in enumerate(entries, 1) if comparable(e, entry) and (d := differing(e, entry))]
+    if not against:
+        return None
+    i, e, names = against[0]
+    mixers = [n for n in names if n != ALL]
+    shown = ", ".join(f"{n} (recorded {e['digests'][n][:16]}, this one {entry['digests'][n][:16]})" for n in names)
+    text = (f"{path} records portable fingerprints of torch {entry.get('torch')} that this one, of "
+            f"{host_name(entry)}, does not match: it differs from #{i} {host_name(e)} in {len(mixers)} "
+            f"mixer{'s' if len(mixers) != 1 else ''}: {shown}"
+            + (f", and from {len(against) - 1} more entr{'ies' if len(against) > 2 else 'y'}" if len(against) > 1 else "")
+            + ". Nothing recorded: under portable numerics every host trains every mixer to the same bits, so one that "
+            f"differs is a defect of the pinning on one of them; run `{PROBE}` on the host that made this one to "
+            "find which library moves the bits, and fix the pinning (seqmix/numerics.py)")
+    if other := [f"{k} {e[k]!r} there, {entry[k]!r} here" for k in ("compiler", "glibc")
+                 if e.get(k) and entry.get(k) and e[k] != entry[k]]:
+        text += f"; the hosts' toolchains differ ({'; '.join(other)}), with which Mamba's fused CPU scan is built"
+    if stale := changed(e["sources"]):
+        text += (f". The code that fingerprint depends on changed since #{i} was recorded at {e['commit'][:10]} "
+                 f"({', '.join(stale[:4])}{', ...' if len(stale) > 4 else ''}): a fingerprint made at that commit on "
+                 "this host tells a change of the code from a defect of the pinning")
+    return text
 
 
 def hosts_markdown(entries: list[dict], notes: str) -> str:
@@ -224,17 +323,22 @@ def hosts_markdown(entries: list[dict], notes: str) -> str:
     import json
 
     out = ["# Hosts and their fingerprints", "",
-           "Generated by `python -m seqmix fingerprint --record docs/hosts.md` (one entry per CPU model, "
-           "instruction sets and numerics; a new recording replaces its host's). Do not edit by hand.", "",
+           "Generated by `python -m seqmix fingerprint --record docs/hosts.md` (this host) and "
+           "`python -m seqmix fingerprint --record docs/hosts.md --from FILE` (the `--out FILE` of another host): "
+           "a portable fingerprint is added only where it agrees with every recorded one of the same torch "
+           "version, and a host recorded again replaces its own entry. Do not edit by hand.", "",
            notes.strip(), "", "## Hosts", "",
-           "| # | CPU | vendor | vector ISA | numerics | pinned | date | commit | all |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| # | CPU | vendor | vector ISA | numerics | pinned | torch | date | commit | all |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for i, e in enumerate(entries, 1):
         out.append(f"| {i} | {e['cpu']} | {e['vendor']} | {e['vector_isa']} | {e['mode']} | "
-                   f"{'yes' if e['pinned'] else 'no'} | {e['date']} | `{e['commit'][:10]}`"
-                   f"{' + edits' if e['commit'].endswith('+ edits') else ''} | `{e['digests'][ALL][:16]}` |")
-    out += ["", "Instruction-set flags of each host (those starting avx, fma, sse, amx):", ""]
-    out += [f"{i}. {e['flags']}" for i, e in enumerate(entries, 1)]
+                   f"{'yes' if e['pinned'] else 'no'} | {e.get('torch') or 'not recorded'} | {e['date']} | "
+                   f"`{e['commit'][:10]}`{' + edits' if e['commit'].endswith('+ edits') else ''} | "
+                   f"`{e['digests'][ALL][:16]}` |")
+    out += ["", "The C++ compiler and glibc of each host (Mamba's fused CPU scan is built and runs with them), and "
+            "its instruction-set flags (those starting avx, fma, sse, amx):", ""]
+    out += [f"{i}. {e.get('compiler') or 'compiler not recorded'}; {e.get('glibc') or 'glibc not recorded'}; "
+            f"{e['flags']}" for i, e in enumerate(entries, 1)]
     names = [*catalogue.mixer_names(), ALL]
     names += sorted({n for e in entries for n in e["digests"]} - set(names))  # a mixer since removed
     out += ["", "## Fingerprints", "",
@@ -249,10 +353,16 @@ def hosts_markdown(entries: list[dict], notes: str) -> str:
 
 
 def record(path, entry: dict, notes: str) -> list[dict]:
-    """Add ``entry`` to the hosts file at ``path`` (replacing its host's) and rewrite it."""
+    """Add ``entry`` to the hosts file at ``path`` and rewrite it: in place of its host's own
+    earlier entry, never of another's; ConfigError (``refusal``) for a portable fingerprint
+    that differs from a recorded one of the same torch version, leaving the file as it was."""
+    from seqmix.errors import ConfigError
     from seqmix.io import write_text
 
-    entries = [e for e in read_hosts(path) if not same_host(e, entry)] + [entry]
-    entries.sort(key=lambda e: (e["mode"] != "portable", e["vendor"], e["cpu"], e["flags"]))
+    entries = read_hosts(path)
+    if problem := refusal(path, entries, entry):
+        raise ConfigError(problem)
+    entries = [e for e in entries if not same_host(e, entry)] + [entry]
+    entries.sort(key=lambda e: (e["mode"] != "portable", e["vendor"], e["cpu"], e["flags"], e["date"]))
     write_text(path, hosts_markdown(entries, notes))
     return entries

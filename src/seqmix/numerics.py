@@ -13,11 +13,10 @@ with AVX2 and FMA has, and fixes the thread count:
 - ``MKL_CBWR=AVX2,STRICT``: oneMKL's AVX2 conditional-numerical-reproducibility branch, the
   same kernels on every CPU with AVX2 and FMA; STRICT keeps its matrix products' bits when the
   thread count or the arrays' alignment changes (a job may set ``train.threads``). oneMKL
-  offers this branch on Intel CPUs only (elsewhere it silently runs AUTO), and its single
-  square root refines the CPU's approximate ``vrsqrtps``, which rounds differently on each
-  vendor: the CLI loads a small library before torch on every host (seqmix.mkl_shim, built with
-  the machine's C compiler once) that answers oneMKL's vendor check as Intel and makes
-  ``torch.sqrt`` the correctly rounded one. oneMKL's vendor-independent COMPATIBLE branch
+  offers this branch on Intel CPUs only, and its single square root rounds otherwise on each
+  vendor: the CLI loads oneMKL's shim before torch on every host (seqmix.mkl_shim, built with
+  the machine's C compiler once; what it answers and why: seqmix/mkl_shim.c). oneMKL's
+  vendor-independent COMPATIBLE branch
   (SSE2) needs neither but costs about 1.5x native on an AVX-512 host (docs/numerics-cost.md);
 - ``MKL_ENABLE_INSTRUCTIONS=AVX2``: oneMKL capped at AVX2 as well, which changes nothing under
   that branch, but a cap of AVX512 set from outside overrides the branch (oneMKL then runs its

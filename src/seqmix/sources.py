@@ -2,8 +2,12 @@
 transitively (imports inside functions included), found by reading the code, never listed by
 hand. One scanner (Python's ``ast``) reads the import statements of a module or of a
 notebook's code cells; a file beside a module with its name and another suffix (Mamba's C++
-scan, built at first use) counts with it. Standard-library and installed packages are not
-followed: their versions are in each run's provenance.
+scan, oneMKL's shim, built at first use) counts with it. Only this project's modules are
+followed (``of_this_project``: seqmix's, and those of a package the catalogue or the job names,
+a user's own mixer or task), told by their names, never by where they are installed: the
+standard library and every other package are not, in a venv, on PYTHONPATH or anywhere else
+(their versions are in each run's provenance), so that a run's digest is the same on every
+machine that has the same code.
 
 A job's code is one digest (``Code.digest``) of its files' names and digests
 (``file_digest``): every rule takes it as a param (seqmix.study.dag), so that an edit reruns
@@ -22,9 +26,7 @@ import hashlib
 import importlib.util
 import json
 import os
-import site
 import sys
-import sysconfig
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,27 +37,44 @@ TRAINING = "seqmix.train.loop"  # what trains a run, beside its mixer's and its 
 EVALUATION = "seqmix.train.evaluate"
 
 
-@functools.cache
-def library_dirs() -> frozenset[Path]:
-    """The standard library's and installed packages' folders: code not of this project."""
-    dirs = {Path(paths[k]).resolve() for paths in (sysconfig.get_paths(), sysconfig.get_paths(
-            vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix}))
-            for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return frozenset(dirs | {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]})
+PACKAGE = "seqmix"  # this project's package, wherever it is installed (kernels/ is seqmix.kernels)
 
 
-def of_this_project(path: Path) -> bool:
-    """The checkout's own files (src/, kernels/), and a user's modules outside any library;
-    never a library's, even one inside the checkout (`make install` puts its venv in .venv/)."""
-    path = path.resolve()
-    return not any(path.is_relative_to(d) for d in library_dirs())
+def named_packages(entries: Iterable[str | Path] = ()) -> frozenset[str]:
+    """The top-level packages whose modules are this project's code: seqmix, each package the
+    catalogue names a mixer or a task in (a user's own), and each of ``entries`` (the modules a
+    job names; a notebook, given by its file, names none)."""
+    named = [e.path.partition(":")[0] for e in (*catalogue.MIXERS, *catalogue.TASKS)]
+    named += [e for e in entries if isinstance(e, str)]
+    return frozenset(n.partition(".")[0] for n in [PACKAGE, *named])
+
+
+def of_this_project(name: str, packages: frozenset[str] | None = None) -> bool:
+    """Whether module ``name`` is this project's code: in one of ``packages`` (default
+    ``named_packages()``). By its name, not its file: a library is never the project's, whether
+    a venv, PYTHONPATH, ``pip install --target`` or an environment module installed it."""
+    return name.partition(".")[0] in (named_packages() if packages is None else packages)
+
+
+def imported_files() -> list[Path]:
+    """The files of the modules this process imported (``sys.modules``) that are this project's
+    code (``of_this_project``): seqmix itself and a user's own mixers or tasks, never a library's."""
+    ours = named_packages()
+    files = set()
+    for name, module in list(sys.modules.items()):
+        spec = getattr(module, "__spec__", None)
+        name = getattr(spec, "name", None) or name  # `python -m seqmix`: __main__ is seqmix.__main__
+        file = getattr(module, "__file__", None)
+        if of_this_project(name, ours) and isinstance(file, str) and os.path.isfile(file):
+            files.add(Path(file).resolve())
+    return sorted(files)
 
 
 @functools.cache
 def module_file(name: str) -> Path | None:
-    """The file of module ``name`` where it is this project's, else None (not found, built in,
-    a library's, or not a module: a name a module defines). A submodule is looked for in its
-    package's folder, so that a name of a module (``pkg.mod.func``) imports nothing."""
+    """The source file of module ``name``, else None (not found, built in, compiled, or not a
+    module: a name a module defines). A submodule is looked for in its package's folder, so
+    that a name of a module (``pkg.mod.func``) imports nothing."""
     parent, _, child = name.rpartition(".")
     if parent:
         folder = module_file(parent)
@@ -71,8 +90,7 @@ def module_file(name: str) -> Path | None:
     origin = getattr(spec, "origin", None)
     if not origin or not os.path.isfile(origin) or not origin.endswith(".py"):
         return None
-    path = Path(origin).resolve()
-    return path if of_this_project(path) else None
+    return Path(origin).resolve()
 
 
 # ------------------------------------------------------------------------------------------
@@ -162,6 +180,8 @@ class Reader:
     def closure(self, entries: Iterable[str | Path]) -> list[Path]:
         """The files of ``entries`` (module names, or files a job runs: a notebook), their
         packages and every module of this project they import, transitively (sorted)."""
+        entries = list(entries)
+        ours = named_packages(entries)
         seen: dict[str, Path | None] = {}
         files: set[Path] = set()
         todo: list[str] = []
@@ -175,8 +195,10 @@ class Reader:
             name = todo.pop()
             if name in seen:
                 continue
-            seen[name] = path = module_file(name)
-            todo += self._imported(name, path)
+            seen[name] = None  # a library's (or the standard library's): not followed
+            if of_this_project(name, ours):
+                seen[name] = path = module_file(name)
+                todo += self._imported(name, path)
         files |= {p for p in seen.values() if p is not None}
         return sorted(files | {s for p in files for s in _siblings(p)})
 

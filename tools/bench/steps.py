@@ -56,10 +56,16 @@ def _this_checkouts_counter():
 
 def _build(point: str, arch: str):
     import seqmix
-    from seqmix.expansion.validate import load_study
     from seqmix.preflight import solved_size
-    from seqmix.study import table
     from seqmix.tasks import task_class
+
+    try:  # the baseline may be a version before seqmix.expansion (then seqmix.study held both)
+        from seqmix.expansion import table
+        from seqmix.expansion.validate import load_study
+    except ImportError:
+        from seqmix.study.load import load_study
+
+        from seqmix.study import table
 
     study = load_study(Path(seqmix.REPO_ROOT) / "config" / "paper.yaml")
     # this version's run spec: a version before the study's expansion (table.expand) has run_spec

@@ -255,34 +255,27 @@ def cmd_mixers(args) -> int:
 
 
 def cmd_fingerprint(args) -> int:
-    import datetime
-
     from seqmix import fingerprint
-    from seqmix.io import write_json
-    from seqmix.train import provenance
+    from seqmix.io import read_json, write_json
 
-    digests = fingerprint.fingerprint(args.numerics)
-    state = provenance.numerics_record()
-    print(f"# numerics {args.numerics}: ATen {state['aten_capability']}, oneMKL {state['mkl_branch']}, oneDNN cap "
-          f"{state['onednn_max_isa'] or 'none'}, threads {state['threads']}; {state['cpu']} ({state['vector_isa']})",
-          file=sys.stderr)
-    print("\n".join(fingerprint.lines(digests)))
-    sources = fingerprint.sources()
-    entry = {**fingerprint.host_record(args.numerics), "pinned": state["pinned"],
-             "date": datetime.date.today().isoformat(), "commit": fingerprint.commit_of(sources),
-             "torch": torch_version(), "digests": {k: v[:16] for k, v in digests.items()}, "sources": sources}
+    if args.from_file:  # another host's --out: nothing trained here
+        if args.out:
+            raise ConfigError("--from reads another host's fingerprint, --out writes this host's: give one of them")
+        found = read_json(args.from_file, fix="give the JSON `python -m seqmix fingerprint --out FILE` wrote")
+        entry = fingerprint.entry_of(found, args.from_file)
+    else:
+        found = fingerprint.measure(args.numerics)
+        entry, state = fingerprint.entry_of(found), found["numerics"]
+        print(f"# numerics {args.numerics}: ATen {state['aten_capability']}, oneMKL {state['mkl_branch']}, oneDNN "
+              f"cap {state['onednn_max_isa'] or 'none'}, threads {state['threads']}; {state['cpu']} "
+              f"({state['vector_isa']})", file=sys.stderr)
+    print("\n".join(fingerprint.lines(found["digests"])))
     if args.out:
-        write_json(args.out, {**entry, "digests": digests, "numerics": state})
+        write_json(args.out, found)
     if args.record:
         fingerprint.record(args.record, entry, fingerprint.HOSTS_NOTES)
-        print(f"recorded in {args.record}", file=sys.stderr)
+        print(f"recorded {fingerprint.host_name(entry)} in {args.record}", file=sys.stderr)
     return 0
-
-
-def torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 def cmd_schema(args) -> int:

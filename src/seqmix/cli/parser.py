@@ -180,7 +180,11 @@ def _add_summaries(sub) -> None:
     sp.add_argument("--numerics", dest="asked_numerics", choices=numerics.MODES, default=None,
                     help="these numerics instead of the study's (--config)")
     sp.add_argument("--out", help="also write the digests, the host and the numerics in effect here (JSON)")
-    sp.add_argument("--record", help="add this host's entry to a hosts file (docs/hosts.md), replacing its own")
+    sp.add_argument("--record", help="add this host's entry to a hosts file (docs/hosts.md), in place of its own "
+                    "earlier one; a portable fingerprint that differs from a recorded one of the same torch version "
+                    "is refused, naming the mixers")
+    sp.add_argument("--from", dest="from_file", metavar="FILE",
+                    help="record the fingerprint another host wrote with --out FILE instead of measuring this one's")
 
     sp = _add(sub, "schema", cmd_schema, "the JSON schema of a config file (every task kind and mixer)", config=False)
     sp.add_argument("--out", help="write it here (workflow/schemas/config.schema.json) instead of stdout")

@@ -33,7 +33,7 @@ from typing import Any
 
 from seqmix import REPO_ROOT, catalogue, mkl_shim, numerics
 from seqmix.io import sha256_file, yaml_data
-from seqmix.sources import library_dirs
+from seqmix.sources import imported_files
 
 SRC = Path(__file__).resolve().parents[2]  # the src/ this seqmix was imported from
 CACHE_DIR = Path(".snakemake") / "seqmix"  # in Snakemake's working directory
@@ -125,16 +125,10 @@ def sha256_of(path: str | os.PathLike) -> str | None:
 
 
 def imported_sources() -> list[Path]:
-    """The files of the modules this process imported, but for the standard library and
-    installed packages (site-packages): seqmix itself, and a user's own mixers or tasks."""
-    libraries = library_dirs()
-    # Most of ~2,500 modules are torch's: a prefix test on the name as imported skips them
-    # before resolving links, which would take most of this function's time.
-    prefixes = tuple(os.path.join(p, "") for p in libraries)
-    names = {f for m in list(sys.modules.values())
-             if isinstance(f := getattr(m, "__file__", None), str) and os.path.isabs(f)}
-    files = {Path(f).resolve() for f in names if not f.startswith(prefixes) and os.path.isfile(f)}
-    return sorted(f for f in files if f.is_relative_to(SRC) or not any(f.is_relative_to(p) for p in libraries))
+    """The files of the modules this process imported that are this project's code
+    (seqmix.sources.imported_files: seqmix itself, and a user's own mixers or tasks), never a
+    library's, wherever it is installed."""
+    return imported_files()
 
 
 def shell_prefix(numerics_mode: str | None = None) -> str:
