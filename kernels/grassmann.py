@@ -461,6 +461,21 @@ def _autograd_backward(ctx, dg, _dc, _ds, _drn):
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
+def _vmap_forward(info, in_dims, z, weight, bias, offsets, normalize, eps):
+    """The op under torch.func.vmap (a pack of seeds, seqmix.train.pack: every member its own
+    weights): one call per member, stacked. The members' weights differ, so they cannot fold
+    into the batch dimension of one call; autograd records each call's own backward."""
+    def member(x, dim, i):
+        return x if x is None or dim is None else x.select(dim, i)
+
+    calls = [_forward(member(z, in_dims[0], i), member(weight, in_dims[1], i), member(bias, in_dims[2], i),
+                      offsets, normalize, eps) for i in range(info.batch_size)]
+    return tuple(torch.stack(parts) for parts in zip(*calls)), (0, 0, 0, 0)
+
+
+_forward.register_vmap(_vmap_forward)
+
+
 def grassmann_mix(
     z: torch.Tensor,
     weight: torch.Tensor,
