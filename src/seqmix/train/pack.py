@@ -349,21 +349,20 @@ def member_batches(pack: Pack) -> tuple[tuple, list[tuple]]:
                         "a task whose batches vary in length cannot train in a pack") from None
 
 
-def pack_step(pack: Pack) -> tuple[list[float], list[float] | None, list[tuple]]:
-    """One optimiser step of every member: (losses, gradient norms, batches); the norms are
-    None, and nothing is updated, when a member's loss is not finite."""
-    stacked, each = member_batches(pack)
+def pack_step(pack: Pack, stacked: tuple) -> tuple[list[float], list[float] | None]:
+    """One optimiser step of every member on their stacked batches: (losses, gradient norms);
+    the norms are None, and nothing is updated, when a member's loss is not finite."""
     losses = pack.loss_of(stacked)
     values = losses.detach().float().tolist()
     if not all(math.isfinite(v) for v in values):
-        return values, None, each
+        return values, None
     pack.opt.zero_grad(set_to_none=True)
     losses.sum().backward()  # the members' losses share no weight: each gets its own gradient
     grads = [p.grad for p in pack.params.values() if p.grad is not None]
     norms = clip_by_member(grads, pack.train.grad_clip or float("inf"))
     pack.opt.step()
     pack.sched.step()
-    return values, norms.tolist(), each
+    return values, norms.tolist()
 
 
 def advance(pack: Pack, run: loop.Run, batch: tuple, loss: float, grad_norm: float) -> bool:
@@ -432,7 +431,8 @@ def train_steps(pack: Pack, progress: bool) -> None:
                desc=f"{pack.specs[0].task}/{pack.specs[0].arch}/pack of seeds "
                     f"{','.join(str(s.seed) for s in pack.specs)}", disable=not progress)
     while pack.members:
-        values, norms, each = pack_step(pack)
+        stacked, each = member_batches(pack)
+        values, norms = pack_step(pack, stacked)
         if norms is None:  # those members' runs diverge here; the others take this step again
             diverged = [run for run, v in zip(pack.members, values) if not math.isfinite(v)]
             for run in diverged:
