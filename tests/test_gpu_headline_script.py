@@ -114,3 +114,36 @@ def test_the_does_not_fit_path_starts_nothing_and_says_so(checkout, tmp_path):
     assert any("started no run" in line for line in said(out))
     assert (checkout / "config" / "tiny-headline.yaml").read_text() == before
     assert not (tmp_path / "study" / "results" / "runs").exists()
+
+
+def test_a_partial_record_keeps_the_finished_runs_and_names_the_others(tmp_path):
+    """What the script records at its deadline (``record(partial=True)``): the runs that
+    finished, with ``unfinished`` naming the others; a study with no finished run is refused,
+    and without ``partial`` any unfinished run is (as ``seqmix record`` does)."""
+    from seqmix.io import FileError
+    from seqmix.report.recorded import RUN_FILES, record
+    from seqmix.study.load import load_study
+    from seqmix.study.table import expand
+
+    config = tmp_path / "tiny-headline.yaml"
+    config.write_text(TINY.format(root=tmp_path / "study").replace("seeds: [0]", "seeds: [0, 1]"))
+    expansion = expand(load_study(config))
+    finished = [r for r in expansion.runs if r.seed == 0]
+    with pytest.raises(FileError, match="has not finished"):
+        record(config, tmp_path / "recorded", partial=True)
+    for run in finished:
+        d = expansion.run_dir(run)
+        d.mkdir(parents=True)
+        for name in RUN_FILES:
+            (d / name).write_text("{}")
+        (d / "provenance.json").write_text(json.dumps({"device": {"name": "cpu"}, "git": {"commit": "abc", "dirty": False},
+                                                       "host": "h", "training_step": {"compiled": False}}))
+        (d / "metrics.json").write_text(json.dumps({"status": "ok", "wall_time_s": 1.0, "steps_completed": 4,
+                                                    "params": 100}))
+    with pytest.raises(FileError, match="seed1 of .* has not finished"):
+        record(config, tmp_path / "recorded")
+    dest = record(config, tmp_path / "recorded", partial=True)
+    meta = json.loads((dest / "meta.json").read_text())
+    assert meta["unfinished"] == ["mqar/grassmann/seed1", "mqar/softmax/seed1"]
+    assert sorted(r["run"] for r in meta["runs"]) == ["mqar/grassmann/seed0", "mqar/softmax/seed0"]
+    assert sorted(p.name for p in (dest / "runs" / "mqar").glob("*/*")) == ["seed0", "seed0"]

@@ -383,3 +383,42 @@ def _cpu() -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def compiled_launches(arch: str, members: int | None) -> dict:
+    """Kernels per step of the compiled step (``train.compile``'s torch.compile of the loss,
+    forward and backward), single (``members`` None) or packed, from the code inductor
+    generates on this CPU (``run_and_get_code``): its fused kernels and its calls out (extern
+    matmuls, aten fallbacks, custom ops), each one launch; the optimiser and clipping are
+    eager around it (fused AdamW on a GPU: one launch per group). What it misses: a GPU's
+    inductor fuses otherwise (Triton, not C++: reductions may split in two), and on a GPU the
+    CUDA graphs replay all of it for one launch per graph."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from seqmix.train import pack
+    from seqmix.train.step import StepLoss
+
+    spec, task, model = models(arch, d_model=32)
+    batch = task.example_batch(2, "cpu")
+    if members is None:
+        loss_of = StepLoss(task, model, torch.device("cpu"), "fp32", compiled=True)
+        call = lambda: loss_of(batch).backward()  # noqa: E731
+    else:
+        objective = pack._Objective(task, model)
+        loss_of = StepLoss(pack.PackLoss(objective), None, torch.device("cpu"), "fp32", compiled=True)
+        params = {f"model.{n}": torch.stack([t.detach()] * members).requires_grad_() for n, t in model.named_parameters()}
+        buffers = {f"model.{n}": torch.stack([t] * members) for n, t in model.named_buffers()}
+        loss_of.model = (params, buffers)
+        stacked = tuple(torch.stack([t] * members) for t in batch)
+        call = lambda: loss_of(stacked).sum().backward()  # noqa: E731
+    call()  # the first step runs eagerly (StepLoss)
+    _, codes = run_and_get_code(call)
+    calls = re.compile(r"^\s+(?:buf\w+ = )?(?:(cpp_fused_\w+)|(extern_kernels\.\w+)|(torch\.ops\.\w+\.\w+))", re.M)
+    kinds = collections.Counter()
+    for code in codes:
+        body = code[code.index("def call("):] if "def call(" in code else ""
+        for fused, extern, _op in calls.findall(body):
+            kinds["fused" if fused else "extern" if extern else "op"] += 1
+    return {"kernels": sum(kinds.values()), **kinds, "graphs": len(codes)}
