@@ -286,28 +286,50 @@ def predict(counts: dict, args) -> list[dict]:
     train = load_study(HEADLINE).tasks["wikitext2"].train
     periodic = train.steps // train.eval_every * train.eval_batches
     probe, rows = probe_rows(), []
+    options = [(k, packed, step) for step in ("eager", "compiled") for k in (1, 2, 3) for packed in (False, True)]
     for gpu, spec in GPUS.items():
-        for seeds in (1, 2, 3):
-            for packed in (False, True):
-                procs = []  # (steps' host ms, device ms, eval batches' ms, members)
-                for arch, c in counts.items():
-                    per_launch = float(probe[arch]["step_ms"]) / c["single"]
-                    n = c["single"] + (c["packed"] - c["single"]) * (seeds - 1) / (c["members"] - 1) if packed else c["single"]
-                    host = per_launch * n * (c["host_ratio"] if packed and seeds > 1 else 1.0)
-                    members = seeds if packed else 1
-                    flop_ms = members * float(probe[arch]["step_tflop"]) / (args.efficiency * spec["tflops"]) * 1e3
-                    device = n * args.kernel_us / 1e3 * GPUS["H100"]["hbm_tb_s"] / spec["hbm_tb_s"] + flop_ms
-                    evals = members * periodic * per_launch * c["eval"]
-                    procs += [(host, device, evals, arch)] * (1 if packed else seeds)
-                load = max(1.0, sum(d / h for h, d, _, _ in procs))  # processes add their device time
-                runs = max(train.steps * max(h, d) * load / 1e3 + e / 1e3 for h, d, e, _ in procs)
-                final = max(per_launch_eval(counts, probe)) * args.final_batches / 1e3
-                whole = args.fixed_s + args.start_s + runs + args.start_s + final
-                rows.append({"gpu": gpu, "seeds": seeds, "packed": packed, "step": "eager",
-                             "processes": len(procs), "step_ms": {a: round(max(h, d) * load, 1) for h, d, _, a in procs},
-                             "runs_s": round(runs), "whole_s": round(whole),
-                             "fits_70": runs <= 0.7 * args.runs_budget_s, "fits": whole <= args.limit_s})
+        for seeds, packed, step in options:
+            if step == "compiled" and not all("compiled" in c for c in counts.values()):
+                continue
+            procs = []  # per process: (step's host ms, step's device ms, its evaluations' ms, architecture)
+            for arch, c in counts.items():
+                per_launch = float(probe[arch]["step_ms"]) / c["single"]
+                n = launches_of(c, step, packed, seeds)
+                host = per_launch * (COMPILED_HOST if step == "compiled" else n)
+                host *= c["host_ratio"] if packed and seeds > 1 and step == "eager" else 1.0
+                members = seeds if packed else 1
+                flop_ms = members * float(probe[arch]["step_tflop"]) / (args.efficiency * spec["tflops"]) * 1e3
+                device = n * args.kernel_us / 1e3 * GPUS["H100"]["hbm_tb_s"] / spec["hbm_tb_s"] + flop_ms
+                evals = members * periodic * per_launch * c["eval"]
+                procs += [(host, device, evals, arch)] * (1 if packed else seeds)
+            rows.append(option_row(gpu, seeds, packed, step, procs, counts, probe, train, args))
     return rows
+
+
+# A compiled step's host launches on a GPU: two CUDA graph replays (forward, backward), fused
+# AdamW (one per parameter group), clipping's six, the batch's two copies and three reads back.
+COMPILED_HOST = 15
+
+
+def launches_of(c: dict, step: str, packed: bool, seeds: int) -> float:
+    """A step's launches (eager: counted ATen ops; compiled: inductor's kernels plus the eager
+    optimiser's), between one member and the counted pack linearly."""
+    if step == "compiled":
+        one, many = c["compiled"]["single"] + COMPILED_HOST, c["compiled"]["packed"] + COMPILED_HOST
+    else:
+        one, many = c["single"], c["packed"]
+    return one + (many - one) * (seeds - 1) / (c["members"] - 1) if packed else one
+
+
+def option_row(gpu, seeds, packed, step, procs, counts, probe, train, args) -> dict:
+    """One option's prediction: its processes' steps and evaluations, sharing the GPU."""
+    load = max(1.0, sum(d / max(h, d) for h, d, _, _ in procs))  # processes add their device time
+    runs = max(train.steps * max(h, d) * load / 1e3 + e / 1e3 for h, d, e, _ in procs)
+    final = max(per_launch_eval(counts, probe)) * args.final_batches / 1e3
+    whole = args.fixed_s + args.start_s + runs + args.start_s + final
+    return {"gpu": gpu, "seeds": seeds, "packed": packed, "step": step, "processes": len(procs),
+            "step_ms": {a: round(max(h, d) * load, 1) for h, d, _, a in procs}, "runs_s": round(runs),
+            "whole_s": round(whole), "fits_70": runs <= 0.7 * args.runs_budget_s, "fits": whole <= args.limit_s}
 
 
 def per_launch_eval(counts: dict, probe: dict) -> list[float]:
@@ -320,20 +342,21 @@ def markdown(counts: dict, rows: list[dict], args, where: str) -> str:
             f"install, measurement, the DAG's start, the record and packing up, {args.fixed_s:.0f} s, and "
             f"{args.start_s:.0f} s of job start-up twice); the target is three seeds of both within 70 % of "
             f"{args.runs_budget_s:.0f} s = {0.7 * args.runs_budget_s:.0f} s, eager.\n\n")
-    table = ["| architecture | launches, single step | launches, packed step (members) | launches, evaluation batch "
-             "| host time per launch, packed / single | H100 eager step, ms | host ms per launch |",
-             "|---|---|---|---|---|---|---|"]
+    table = ["| architecture | eager launches, single step | eager, packed step (members) | eager, evaluation batch "
+             "| compiled kernels, single / packed | host time per launch, packed / single | H100 eager step, ms "
+             "| host time per launch |", "|---|---|---|---|---|---|---|---|"]
     probe = probe_rows()
     for arch, c in counts.items():
-        t = float(probe[arch]["step_ms"])
-        table.append(f"| {arch} | {c['single']} | {c['packed']} ({c['members']}) | {c['eval']} | {c['host_ratio']} "
-                     f"| {t} | {1e3 * t / c['single']:.1f} µs |")
-    options = ["", "| GPU | seeds | packed | processes | step ms (each process) | runs, s | whole call, s | runs within 70 % |",
-               "|---|---|---|---|---|---|---|---|"]
+        t, k = float(probe[arch]["step_ms"]), c.get("compiled")
+        kernels = f"{k['single']} / {k['packed']}" if k else "not counted"
+        table.append(f"| {arch} | {c['single']} | {c['packed']} ({c['members']}) | {c['eval']} | {kernels} "
+                     f"| {c['host_ratio']} | {t} | {1e3 * t / c['single']:.1f} µs |")
+    options = ["", "| GPU | step | seeds | packed | processes | step ms (each process) | runs, s | whole call, s "
+               "| runs within 70 % |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         steps = ", ".join(f"{a} {ms}" for a, ms in sorted(set(r["step_ms"].items())))
-        options.append(f"| {r['gpu']} | {r['seeds']} | {'yes' if r['packed'] else 'no'} | {r['processes']} | {steps} "
-                       f"| {r['runs_s']} | {r['whole_s']} | {'yes' if r['fits_70'] else 'no'} |")
+        options.append(f"| {r['gpu']} | {r['step']} | {r['seeds']} | {'yes' if r['packed'] else 'no'} | {r['processes']} "
+                       f"| {steps} | {r['runs_s']} | {r['whole_s']} | {'yes' if r['fits_70'] else 'no'} |")
     return head + "\n".join(table + options) + "\n"
 
 
@@ -359,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--counts", default="results/bench/launches/counts.json")
     p.add_argument("--recount", action="store_true", help="count again (else read --counts where it exists)")
     p.add_argument("--markdown", default="results/bench/launches/table.md")
+    p.add_argument("--compiled-counts", default="results/bench/launches/compiled.json")
+    p.add_argument("--recount-compiled", action="store_true", help="compile each step here and count its kernels")
     args = p.parse_args(argv)
     args.runs_budget_s = args.limit_s - args.fixed_s - 2 * args.start_s
     path = Path(args.counts)
@@ -368,6 +393,15 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"where": where, "counts": counts}, indent=1) + "\n")
     saved = json.loads(path.read_text())
+    compiled = Path(args.compiled_counts)
+    if args.recount_compiled:
+        compiled.write_text(json.dumps(count_compiled(args.members), indent=1) + "\n")
+    if compiled.exists():  # inductor's kernels per step: the compiled options
+        kernels = json.loads(compiled.read_text())
+        for arch, c in saved["counts"].items():
+            if "kernels" in kernels.get(f"{arch}/1", {}) and "kernels" in kernels.get(f"{arch}/{args.members}", {}):
+                c["compiled"] = {"single": kernels[f"{arch}/1"]["kernels"],
+                                 "packed": kernels[f"{arch}/{args.members}"]["kernels"]}
     rows = predict(saved["counts"], args)
     Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
     Path(args.markdown).write_text(markdown(saved["counts"], rows, args, saved["where"]))
@@ -383,6 +417,22 @@ def _cpu() -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def count_compiled(members: int) -> dict:
+    """``compiled_launches`` of each architecture, single and packed (Grassmann's reference
+    traced: on a CPU its kernel path is the interpreter's), or the error that stopped it."""
+    from seqmix.mixers import dispatch
+
+    out = {}
+    with dispatch.using("reference"):
+        for arch in ("softmax", "grassmann"):
+            for k in (1, members):
+                try:
+                    out[f"{arch}/{k}"] = compiled_launches(arch, None if k == 1 else k)
+                except Exception as err:  # noqa: BLE001 - a step that does not compile is a row saying so
+                    out[f"{arch}/{k}"] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+    return out
 
 
 def compiled_launches(arch: str, members: int | None) -> dict:
