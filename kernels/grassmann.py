@@ -465,11 +465,11 @@ def _vmap_forward(info, in_dims, z, weight, bias, offsets, normalize, eps):
     """The op under torch.func.vmap (a pack of seeds, seqmix.train.pack: every member its own
     weights): one call per member, stacked. The members' weights differ, so they cannot fold
     into the batch dimension of one call; autograd records each call's own backward."""
-    def member(x, dim, i):
-        return x if x is None or dim is None else x.select(dim, i)
+    def members(x, dim):  # unbind: one stack in the backward, not one select_backward per member
+        return [x] * info.batch_size if x is None or dim is None else x.unbind(dim)
 
-    calls = [_forward(member(z, in_dims[0], i), member(weight, in_dims[1], i), member(bias, in_dims[2], i),
-                      offsets, normalize, eps) for i in range(info.batch_size)]
+    calls = [_forward(*args, offsets, normalize, eps)
+             for args in zip(members(z, in_dims[0]), members(weight, in_dims[1]), members(bias, in_dims[2]))]
     return tuple(torch.stack(parts) for parts in zip(*calls)), (0, 0, 0, 0)
 
 

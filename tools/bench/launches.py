@@ -226,8 +226,13 @@ def eval_counts(task, model, batch) -> collections.Counter:
 
 
 def total(counts: collections.Counter, members: int = 1) -> int:
-    """Launches on a GPU: an op the CPU loops over the members (PER_PACK) once per pack."""
-    return sum(n // members if name in PER_PACK else n for name, n in counts.items())
+    """Launches on a GPU: an op the CPU loops over the members (PER_PACK) once per pack, less
+    what that loop (functorch's BatchedFallback) adds around the CPU's flash attention: a stack
+    of each of its two outputs per call, and a select_backward of each of its three inputs per
+    member. CUDA's flash and efficient attention fold the members into their batch."""
+    looped = counts.get("aten::_scaled_dot_product_flash_attention_for_cpu", 0) // members if members > 1 else 0
+    fallback = looped * (2 + 3 * members)  # stacks, select_backwards
+    return sum(n // members if name in PER_PACK else n for name, n in counts.items()) - fallback
 
 
 def host_ratio(arch: str, members: int, rounds: int) -> float:
