@@ -1,5 +1,5 @@
 """Kernel launches of one headline training step, counted on a CPU, and the headline call's
-wall time they predict on an H100 and an H200 (``python -m tools.bench.launches``): the time
+wall time they predict on an H100 and an H200 (``python -m tools.bench.time_model``): the time
 model of docs/gpu-headline.md, which decides before anything runs on a GPU.
 
 Counts (``count``), per architecture of config/paper-headline.yaml at its solved size, one
@@ -374,7 +374,7 @@ def commit() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.launches", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench.time_model", description=__doc__.split("\n\n")[0])
     p.add_argument("--members", type=int, default=3)
     p.add_argument("--ratio-rounds", type=int, default=5)
     p.add_argument("--kernel-us", type=float, default=3.0, help="device time of one small kernel (assumed)")
@@ -384,10 +384,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="install 22 + measurement 60 + the DAG's start 10 + record and packing up 50 (the stop margin)")
     p.add_argument("--start-s", type=float, default=20.0, help="a job's start-up: imports, CUDA, model, first step")
     p.add_argument("--final-batches", type=int, default=126, help="the final evaluation's batches (59 + 67)")
-    p.add_argument("--counts", default="results/bench/launches/counts.json")
+    p.add_argument("--counts", default="results/bench/time_model/counts.json")
     p.add_argument("--recount", action="store_true", help="count again (else read --counts where it exists)")
-    p.add_argument("--markdown", default="results/bench/launches/table.md")
-    p.add_argument("--compiled-counts", default="results/bench/launches/compiled.json")
+    p.add_argument("--markdown", default="results/bench/time_model/table.md")
+    p.add_argument("--compiled-counts", default="results/bench/time_model/compiled.json")
     p.add_argument("--recount-compiled", action="store_true", help="compile each step here and count its kernels")
     args = p.parse_args(argv)
     args.runs_budget_s = args.limit_s - args.fixed_s - 2 * args.start_s
