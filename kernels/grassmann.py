@@ -462,6 +462,21 @@ def _autograd_backward(ctx, dg, _dc, _ds, _drn):
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
+def _vmap_forward(info, in_dims, z, weight, bias, offsets, normalize, eps):
+    """The op under torch.func.vmap (a pack of seeds, seqmix.train.pack: every member its own
+    weights): one call per member, stacked. The members' weights differ, so they cannot fold
+    into the batch dimension of one call; autograd records each call's own backward."""
+    def members(x, dim):  # unbind: one stack in the backward, not one select_backward per member
+        return [x] * info.batch_size if x is None or dim is None else x.unbind(dim)
+
+    calls = [_forward(*args, offsets, normalize, eps)
+             for args in zip(members(z, in_dims[0]), members(weight, in_dims[1]), members(bias, in_dims[2]))]
+    return tuple(torch.stack(parts) for parts in zip(*calls)), (0, 0, 0, 0)
+
+
+_forward.register_vmap(_vmap_forward)
+
+
 def grassmann_mix(
     z: torch.Tensor,
     weight: torch.Tensor,

@@ -4,12 +4,13 @@
 # results/bench/<gpu>/, its whole output in gpu-check.log there.
 #
 # Where seqmix and its dependencies are not importable (a bare GPU image: Python 3.12,
-# torch, Triton, no package registry), it first installs the wheels that
-# scripts/gpu-wheels.sh gathered into .gpu-wheels/ and seqmix itself (no dependencies, no
-# build isolation) into a directory on PYTHONPATH ($GPU_SITE, default .gpu-site/: it must sit
-# in the checkout, since seqmix finds config/ as the parent of its installed package's folder).
+# torch, Triton, no package registry), it first installs them into $GPU_SITE (default
+# .gpu-site/, in the checkout) with scripts/gpu-site.sh: the wheels scripts/gpu-wheels.sh
+# gathered into .gpu-wheels/ and seqmix itself, the layout tests/test_install.py installs.
+# Numerics: native (python -m tools.bench gpu-check's default: the GPU's own arithmetic, and
+# no C compiler needed, which portable's oneMKL shim would need and a GPU image may lack).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 PYTHON=${PYTHON:-python3}
 WHEELS=${WHEELS:-.gpu-wheels}
 SITE=${GPU_SITE:-$PWD/.gpu-site}
@@ -20,10 +21,7 @@ if ! "$PYTHON" -c "import pydantic, seqmix.cli" 2>/dev/null; then
          "run scripts/gpu-wheels.sh (make gpu-wheels) where pip reaches PyPI, and bring $WHEELS/ along" >&2
     exit 2
   fi
-  echo "gpu-check: installing $(ls "$WHEELS"/*.whl | wc -l) wheels and seqmix into $SITE"
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    "$WHEELS"/*.whl || exit 2
-  "$PYTHON" -m pip install -q --no-deps --no-build-isolation --no-cache-dir --upgrade --target "$SITE" . || exit 2
+  PYTHON="$PYTHON" WHEELS="$WHEELS" GPU_SITE="$SITE" bash scripts/gpu-site.sh || exit 2
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1

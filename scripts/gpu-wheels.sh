@@ -15,7 +15,8 @@ DEST=${DEST:-.gpu-wheels}
 PYTHON=${PYTHON:-python3}
 PY_VERSION=${PY_VERSION:-3.12}
 FLA_VERSION=${FLA_VERSION-0.6.0}
-ROOTS=($(grep -E '^(snakemake|pydantic|jsonschema|datasets)==' requirements.txt) typing-extensions)
+mapfile -t ROOTS < <(grep -E '^(snakemake|pydantic|jsonschema|datasets)==' requirements.txt)
+ROOTS+=(typing-extensions)
 PLATFORM=(--python-version "$PY_VERSION" --implementation cp --platform manylinux_2_28_x86_64
           --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
           --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
@@ -60,4 +61,4 @@ if [ -n "$FLA_VERSION" ]; then
     "fla-core==$FLA_VERSION" "flash-linear-attention==$FLA_VERSION"
 fi
 ls -1 "$DEST"
-echo "$(ls "$DEST" | wc -l) wheels, $(du -sh "$DEST" | cut -f1) in $DEST (CPython $PY_VERSION, x86-64 Linux)"
+echo "$(find "$DEST" -maxdepth 1 -type f | wc -l) wheels, $(du -sh "$DEST" | cut -f1) in $DEST (CPython $PY_VERSION, x86-64 Linux)"

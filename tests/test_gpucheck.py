@@ -74,3 +74,13 @@ def test_the_cpu_smoke_runs_every_part_and_writes_the_gpu_layout(tmp_path):
     assert [(r["compile"], r["status"]) for r in runs] == [("False", "ok"), ("True", "ok")]
     assert json.loads(runs[1]["training_step"])["compiled"] is True
     assert abs(float(runs[0]["train_loss_last"]) / float(runs[1]["train_loss_last"]) - 1) < 1e-5
+
+
+def test_gpu_check_runs_native_numerics():
+    """A GPU image may have no C compiler, which portable numerics' oneMKL shim needs: gpu-check
+    asks for native (seqmix.cli.numerics_of reads it before anything else)."""
+    from seqmix.cli import numerics_of
+    from tools.bench.__main__ import build_parser
+
+    assert numerics_of(build_parser().parse_args(["gpu-check"])) == ("native", "--numerics")
+    assert numerics_of(build_parser().parse_args(["gpu-check", "--cpu-smoke"])) == ("native", "--numerics")

@@ -102,10 +102,11 @@ def test_the_choice_cuts_seeds_before_anything_else_and_takes_the_faster_step():
     study = load_study(HEADLINE)
     expansion = expand(study)
     # The committed H100 eager step times alone, and six together as slow as one alone:
-    # 18,000 Grassmann steps alone take 7.9 min, so no seed fits 7 min; the choice says so.
+    # 18,000 Grassmann steps alone take 7.9 min, so no seed fits 7 min; the choice says so and
+    # starts nothing (its closest option: one seed).
     slow = measured((17.9, 17.9, 26.3, 26.3))
     choice = packing.choose(slow, expansion, 6, budget_s=420, overhead_s=40)
-    assert not choice["fits"] and choice["seeds"] == [0] and not choice["compile"]
+    assert not choice["fits"] and choice["seeds"] == [] and choice["closest_seeds"] == 1 and not choice["compile"]
     # A compiled step 3x faster, and packing that costs each run 50 %: three seeds fit.
     fast = measured((17.9, 17.9, 26.3, 26.3), (6.0, 9.0, 8.0, 12.0))
     choice = packing.choose(fast, expansion, 6, budget_s=420, overhead_s=40)
@@ -114,7 +115,7 @@ def test_the_choice_cuts_seeds_before_anything_else_and_takes_the_faster_step():
     # Packing that slows each run down sixfold gains nothing: one at a time, and fewer seeds.
     crowded = measured((17.9, 107.4, 26.3, 157.8), (6.0, 36.0, 8.0, 48.0))
     choice = packing.choose(crowded, expansion, 6, budget_s=420, overhead_s=40)
-    assert choice["recommended_slots_per_gpu"] == 1 and choice["seeds"] == [0]
+    assert choice["recommended_slots_per_gpu"] == 1 and choice["closest_seeds"] == 1 and not choice["fits"]
     # The prediction: start-up, steps, periodic and final evaluations, at 1 and 6 jobs.
     one = packing.predict(fast, expansion, "compiled", seeds=1, slots=6, overhead_s=0)
     train = study.tasks["wikitext2"].train
@@ -125,7 +126,13 @@ def test_the_choice_cuts_seeds_before_anything_else_and_takes_the_faster_step():
     # Fewer slots than runs: waves of that many runs, each as long as its slowest run.
     wave = packing.predict(fast, expansion, "compiled", seeds=1, slots=2, overhead_s=0)
     assert packing.predict(fast, expansion, "compiled", seeds=3, slots=2, overhead_s=0) == pytest.approx(3 * wave, abs=0.2)
-    assert packing.choose([], expansion, 6, 420, 40)["measured"] is False
+    nothing = packing.choose([], expansion, 6, 420, 40)
+    assert nothing["measured"] is False and nothing["fits"] is False and nothing["seeds"] == []
+    # The same numbers choose the same whatever the host: a budget just above and just below
+    # the best option's predicted time (at the margin) flips the choice, nothing else does.
+    best = packing.predict(fast, expansion, "compiled", seeds=3, slots=6, overhead_s=40)
+    assert packing.choose(fast, expansion, 6, budget_s=best / 0.9 + 0.1, overhead_s=40)["seeds"] == [0, 1, 2]
+    assert packing.choose(fast, expansion, 6, budget_s=best / 0.9 - 0.1, overhead_s=40)["seeds"] != [0, 1, 2]
 
 
 @pytest.mark.parametrize("config", [HEADLINE, SMOKE])
@@ -169,7 +176,9 @@ mixers:
 
 def test_the_measurement_runs_its_workers_and_chooses(tmp_path):
     """The measurement end to end on the CPU (tiny model, eager steps only, two workers): its
-    rows, its choice and the config written. About 15 s here."""
+    rows, and a choice that is ``choose`` of those rows and the budget it had (whether it fits
+    depends on this host's speed, which the test does not assume), the config written only
+    where it fits. About 15 s here."""
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY_LM)
     out, choice = tmp_path / "packing.csv", tmp_path / "choice.json"
@@ -182,7 +191,12 @@ def test_the_measurement_runs_its_workers_and_chooses(tmp_path):
     assert {(r["arch"], r["mode"], r["jobs"], r["status"]) for r in got} == {
         (a, "eager", k, "ok") for a in ("softmax", "grassmann") for k in ("1", "2")}
     made = json.loads(choice.read_text())
-    assert made["measured"] and made["fits"] and made["seeds"] == [0] and made["compile"] is False
+    rows_back = [{**r, "jobs": int(r["jobs"])} for r in got]
+    expansion = expand(load_study(path))
+    again = packing.choose(rows_back, expansion, 2, made["budget_s"], made["overhead_s"], made["margin"])
+    assert json.loads(json.dumps(again)) == made and made["measured"] and made["compile"] is False
+    assert made["seeds"] == ([0] if made["fits"] else [])
+    assert load_study(path).seeds == [0]  # as it was, or set to the one seed that fits
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""A non-editable install carries every package: what a bare GPU machine runs
-(scripts/gpu-check.sh installs seqmix with `pip install --target`), on an interpreter where
-the install is the only place seqmix can come from."""
+"""A non-editable install carries every package: what a bare GPU machine runs, installed as
+scripts/gpu-site.sh installs it for scripts/gpu-check.sh (`pip install --target .gpu-site`,
+in the checkout), on an interpreter where the install is the only place seqmix can come from."""
 
 from __future__ import annotations
 
@@ -24,19 +24,21 @@ def checkout_modules() -> list[str]:
 
 
 def test_a_non_editable_install_imports_every_module_and_runs(tmp_path):
-    # From a copy of what a build reads: pip builds in the source tree, which it leaves a build/.
+    # A copy of what a GPU machine gets (pip builds in the source tree, which it leaves a
+    # build/), installed by the script gpu-check runs, into its .gpu-site/, empty before.
     project = tmp_path / "project"
     project.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, project / name)
-    for name in ("src", "kernels"):
-        # symlinks: src/seqmix/kernels stays the link to kernels/ that the build follows
+    for name in ("src", "kernels", "config", "scripts"):
         shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
-                        symlinks=True)
-    target = tmp_path / "site"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                          "--no-compile", "--target", str(target), str(project)], capture_output=True, text=True)
-    assert pip.returncode == 0, pip.stderr[-3000:]
+                        symlinks=True)  # src/seqmix/kernels stays the link to kernels/ the build follows
+    target = project / ".gpu-site"
+    pip = subprocess.run(["bash", str(project / "scripts" / "gpu-site.sh")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(tmp_path / "no-wheels")})
+    assert pip.returncode == 0, pip.stdout[-3000:] + pip.stderr[-3000:]
+    assert (target / "seqmix" / "__init__.py").is_file() and (target / "seqmix" / "kernels" / "grassmann.py").is_file()
+    shutil.rmtree(project / "src")  # the install, not the checkout's sources, is what imports
     # -S: no site module, hence no .pth file and no editable finder of this checkout; the
     # environment's packages (torch, pydantic, ...) on PYTHONPATH after the install.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), *site.getsitepackages()]),
@@ -44,6 +46,8 @@ def test_a_non_editable_install_imports_every_module_and_runs(tmp_path):
     env.pop("PYTHONHOME", None)
     script = ("import importlib, sys, seqmix\n"
               f"assert seqmix.__file__.startswith({str(target)!r}), seqmix.__file__\n"
+              f"assert seqmix.REPO_ROOT == __import__('pathlib').Path({str(project.resolve())!r}), seqmix.REPO_ROOT\n"
+              "assert (seqmix.REPO_ROOT / 'config' / 'gpu-check.yaml').is_file()\n"
               "missing = []\n"
               "for name in sys.argv[1:]:\n"
               "    try:\n"

@@ -22,8 +22,8 @@ stop() {  # stop NAME: SIGTERM the pid in run/NAME.pid, wait up to 30 s, then SI
 
 # Jobs first, then slurmd, the controller, accounting and its database.
 if [ -f "$DIR/run/slurmctld.pid" ]; then
-  jobs=$(SLURM_CONF="$DIR/etc/slurm.conf" squeue -h -o %i 2>/dev/null)
-  [ -n "$jobs" ] && SLURM_CONF="$DIR/etc/slurm.conf" scancel $jobs 2>/dev/null && sleep 6
+  mapfile -t jobs < <(SLURM_CONF="$DIR/etc/slurm.conf" squeue -h -o %i 2>/dev/null)
+  [ "${#jobs[@]}" -gt 0 ] && SLURM_CONF="$DIR/etc/slurm.conf" scancel "${jobs[@]}" 2>/dev/null && sleep 6
 fi
 for name in slurmd slurmctld slurmdbd mariadb munged; do stop "$name"; done
 [ "$(readlink /etc/slurm/slurm.conf 2>/dev/null)" = "$DIR/etc/slurm.conf" ] && rm -f /etc/slurm/slurm.conf

@@ -22,7 +22,7 @@ CTLD_PORT="${SEQMIX_SLURM_PORT_BASE:-6817}"
 SLURMD_PORT=$((CTLD_PORT + 1))
 DBD_PORT=$((CTLD_PORT + 2))
 DB_PORT=$((CTLD_PORT + 3))
-PACKAGES="slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
+PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server)
 export SLURM_CONF="$DIR/etc/slurm.conf"
 
 say() { echo "slurm-up: $*" >&2; }
@@ -51,7 +51,7 @@ install_packages() {
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   command -v apt-get >/dev/null || cannot "no apt-get to install ${missing[*]}"
-  say "installing $PACKAGES (missing: ${missing[*]})"
+  say "installing ${PACKAGES[*]} (missing: ${missing[*]})"
   # Debian's maintainer scripts start each daemon with its default config; a policy-rc.d
   # that refuses keeps them from doing so (as Debian's container images have).
   local policy_added=
@@ -60,7 +60,7 @@ install_packages() {
     policy_added=1
   fi
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PACKAGES >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
   [ -n "$policy_added" ] && rm -f /usr/sbin/policy-rc.d
   return 0
 }

@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("gpu-check", help="everything a GPU can tell in 8 minutes, into results/bench/<gpu>/ "
                         "(make gpu-check)")
-    sp.set_defaults(func=cmd_gpu_check)
+    # native: a GPU machine's numerics (portable pins CPU libraries through a oneMKL shim that
+    # needs a C compiler, which a GPU image may lack; the GPU's arithmetic is not pinned by it)
+    sp.set_defaults(func=cmd_gpu_check, asked_numerics="native")
     sp.add_argument("--out", default=None, help="its directory (default results/bench/<gpu>)")
     sp.add_argument("--cpu-smoke", action="store_true",
                     help="every part at tiny sizes on the CPU (config/gpu-check-smoke.yaml), to "

@@ -7,12 +7,15 @@ trains them), each holding its run's model twice as training builds it (run spec
 solved, optimiser), one stepped eagerly and one under ``train.compile``, on one made-up batch
 of the run's shapes. This process drives them:
 
-1. warm: each worker builds its models and takes a few steps of each (compiling the second);
-   the first worker of each architecture first, so that the others find inductor's cache
-   (as the study's runs will);
-2. alone: the first worker of each architecture times ``--steps`` steps of each kind and as
-   many evaluation batches (forward, fp32, no grad: the periodic evaluation), the others idle;
-3. together: all K workers step from one instant for ``--window`` seconds, eager then compiled.
+step kind by step kind, eager first (so that a compile that overruns ``--measure-budget-s``
+leaves the eager rows):
+
+1. warm: each worker takes a few steps of that kind (compiling at the second); the first
+   worker of each architecture first, so that the others find inductor's cache (as the
+   study's runs will);
+2. alone: the first worker of each architecture times ``--steps`` steps and as many
+   evaluation batches (forward, fp32, no grad: the periodic evaluation), the others idle;
+3. together: all K workers step from one instant for ``--window`` seconds.
 
 ``packing.csv`` (``FIELDS``): one row per (architecture, step, jobs). ``choice.json``: the
 step, the slots per GPU and the seeds that fit ``--budget-s``, with every option's predicted
@@ -82,22 +85,20 @@ class Worker:
         model, opt, loss_of = self.models[mode]
         self.optimizer_step(loss_of, model, opt, self.spec.train.grad_clip, self.batch)
 
-    def warm(self, steps: int) -> dict:
-        """``steps`` steps of each model (the compiled one compiles at its second); ready_s: the
-        process's start-up and this, what a training job spends before its steps."""
-        out, t0 = {}, time.monotonic()
-        for mode in self.models:
-            try:
-                for _ in range(steps):
-                    self.step(mode)
-                self._sync()
-            except Exception as err:  # noqa: BLE001 - a step that fails here is a row saying so
-                self.failed[mode] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
-        record = self.models["compiled"][2].record() if "compiled" in self.models else {}
-        out.update(first_compiled_step_s=record.get("first_compiled_step_s"), graphs=record.get("graphs"),
-                   graph_breaks=record.get("graph_breaks"), failed=self.failed,
-                   ready_s=round(self.built_s + time.monotonic() - t0, 1))
-        return out
+    def warm(self, steps: int, mode: str) -> dict:
+        """``steps`` steps of the ``mode`` model (the compiled one compiles at its second); ready_s:
+        the process's start-up and this, what a training job spends before its steps."""
+        t0 = time.monotonic()
+        try:
+            for _ in range(steps):
+                self.step(mode)
+            self._sync()
+        except Exception as err:  # noqa: BLE001 - a step that fails here is a row saying so
+            self.failed[mode] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        record = self.models["compiled"][2].record() if mode == "compiled" else {}
+        return {"first_compiled_step_s": record.get("first_compiled_step_s"), "graphs": record.get("graphs"),
+                "graph_breaks": record.get("graph_breaks"), "failed": self.failed,
+                "ready_s": round(self.built_s + time.monotonic() - t0, 1)}
 
     def time_steps(self, mode: str, steps: int) -> dict:
         if mode in self.failed:
@@ -224,34 +225,12 @@ def measure(config: str, jobs: int, steps: int, window: float, budget_s: float, 
     for i, h in enumerate(handles):
         first.setdefault(h.run["arch"], i)
     leads = [handles[i] for i in first.values()]
-    rows, warm = [], {}
+    rows = []
     try:
-        for group in (leads, [h for h in handles if h not in leads]):  # leads compile first
-            for h in group:
-                h.reply(deadline)  # built
-                h.send("warm", steps=4)
-            for h in group:
-                warm[id(h)] = h.reply(deadline)
-        for h in leads:
-            w, ev = warm[id(h)], h.ask(deadline, "eval", batches=steps)
-            for mode in modes:
-                got = h.ask(deadline, "time", mode=mode, steps=steps)
-                rows.append({"arch": h.run["arch"], "mode": mode, "jobs": 1, **got, "eval_ms": ev["eval_ms"],
-                             "ready_s": w["ready_s"], **({k: w[k] for k in ("first_compiled_step_s", "graphs",
-                                                                            "graph_breaks")} if mode == "compiled" else {})})
-        for mode in modes:
-            start_at = time.time() + 1.0
-            for h in handles:
-                h.send("window", mode=mode, start_at=start_at, seconds=window)
-            got = [h.reply(deadline) for h in handles]
-            for arch in first:
-                mine = [g for h, g in zip(handles, got) if h.run["arch"] == arch]
-                ok = [g["step_ms"] for g in mine if g.get("status") == "ok"]
-                rows.append({"arch": arch, "mode": mode, "jobs": jobs, "status": "ok" if ok else mine[0]["status"],
-                             "step_ms": round(statistics.mean(ok), 3) if ok else None,
-                             "steps": sum(g.get("steps", 0) for g in mine),
-                             "ready_s": max(warm[id(h)]["ready_s"] for h in handles if h.run["arch"] == arch
-                                            and (h not in leads or jobs == len(leads)))})
+        for h in handles:
+            h.reply(deadline)  # built
+        for mode in modes:  # eager first: a compile that overruns the budget leaves its rows
+            rows += measure_mode(handles, leads, first, mode, jobs, steps, window, deadline)
         for h in handles:
             h.send("quit")
     except (TimeoutError, RuntimeError, BrokenPipeError) as err:
@@ -260,6 +239,37 @@ def measure(config: str, jobs: int, steps: int, window: float, budget_s: float, 
     finally:
         for h in handles:
             h.stop()
+    return rows
+
+
+def measure_mode(handles, leads, first, mode: str, jobs: int, steps: int, window: float, deadline: float) -> list[dict]:
+    """One step kind's rows: warm every worker (the first of each architecture first, so that
+    the others find inductor's cache, as the study's runs will), time each architecture alone
+    (steps and evaluation batches), then all workers together for ``window`` seconds."""
+    warm, rows = {}, []
+    for group in (leads, [h for h in handles if h not in leads]):
+        for h in group:
+            h.send("warm", steps=4, mode=mode)
+        for h in group:
+            warm[id(h)] = h.reply(deadline)
+    for h in leads:
+        w, ev = warm[id(h)], h.ask(deadline, "eval", batches=steps)
+        got = h.ask(deadline, "time", mode=mode, steps=steps)
+        rows.append({"arch": h.run["arch"], "mode": mode, "jobs": 1, **got, "eval_ms": ev["eval_ms"],
+                     "ready_s": w["ready_s"], **({k: w[k] for k in ("first_compiled_step_s", "graphs", "graph_breaks")}
+                                                 if mode == "compiled" else {})})
+    start_at = time.time() + 1.0
+    for h in handles:
+        h.send("window", mode=mode, start_at=start_at, seconds=window)
+    got = [h.reply(deadline) for h in handles]
+    for arch in first:
+        mine = [g for h, g in zip(handles, got) if h.run["arch"] == arch]
+        ok = [g["step_ms"] for g in mine if g.get("status") == "ok"]
+        rows.append({"arch": arch, "mode": mode, "jobs": jobs, "status": "ok" if ok else mine[0]["status"],
+                     "step_ms": round(statistics.mean(ok), 3) if ok else None,
+                     "steps": sum(g.get("steps", 0) for g in mine),
+                     "ready_s": max(warm[id(h)]["ready_s"] for h in handles if h.run["arch"] == arch
+                                    and (h not in leads or jobs == len(leads)))})
     return rows
 
 
@@ -336,8 +346,9 @@ def final_eval_batches(expansion, task) -> int:
 def choose(rows: list[dict], expansion, jobs: int, budget_s: float, overhead_s: float, margin: float = 0.9) -> dict:
     """The step, slots per GPU and seeds (module docstring): the most seeds whose predicted
     wall time fits ``margin`` x ``budget_s`` (a run that overruns the deadline is lost whole),
-    then the shortest; seeds are cut before anything else, and where not even one seed fits,
-    one seed the shortest way (``fits`` false)."""
+    then the shortest; seeds are cut before anything else. Where not even one seed fits, no
+    seed (``fits`` false: nothing is started) and the option that came closest. A pure
+    function of the measured rows and the budget: the same numbers choose the same on any host."""
     study, options = expansion.study, []
     for mode in MODES:
         for slots in sorted({1, jobs}):
@@ -346,15 +357,17 @@ def choose(rows: list[dict], expansion, jobs: int, budget_s: float, overhead_s: 
                 if wall is not None:
                     options.append({"mode": mode, "slots_per_gpu": slots, "seeds": seeds, "predicted_wall_s": wall})
     if not options:
-        return {"measured": False, "compile": False, "slots_per_gpu": jobs, "seeds": study.seeds[:1], "options": [],
-                "reason": "nothing was measured: the eager step, every job at once, one seed"}
+        return {"measured": False, "fits": False, "compile": False, "slots_per_gpu": jobs, "seeds": [], "options": [],
+                "budget_s": budget_s, "margin": margin, "overhead_s": overhead_s,
+                "reason": "nothing was measured within the measurement's time: no run is started"}
     fits = [o for o in options if o["predicted_wall_s"] <= margin * budget_s]
     best = (max(fits, key=lambda o: (o["seeds"], -o["predicted_wall_s"])) if fits
             else min(options, key=lambda o: (o["seeds"], o["predicted_wall_s"])))
     times = _times(rows, best["mode"]) or {}
     gain = {arch: round(jobs * t[1] / t[jobs], 2) for arch, t in times.items() if 1 in t and jobs in t}
     return {"measured": True, "compile": best["mode"] == "compiled", "slots_per_gpu": best["slots_per_gpu"],
-            "seeds": study.seeds[: best["seeds"]], "predicted_wall_s": best["predicted_wall_s"], "fits": bool(fits),
+            "seeds": study.seeds[: best["seeds"]] if fits else [], "closest_seeds": best["seeds"],
+            "predicted_wall_s": best["predicted_wall_s"], "fits": bool(fits),
             "budget_s": budget_s, "margin": margin, "overhead_s": overhead_s,
             # steps per second of K jobs together over one alone: the default SLOTS_PER_GPU follows it
             "packing_gain": gain, "recommended_slots_per_gpu": jobs if gain and min(gain.values()) > 1.0 else 1,
@@ -412,14 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(_tasks(expansion)) != 1:
         p.error(f"{args.config}: the prediction is for a study of one task (the headline); this one has "
                 f"{', '.join(expansion.tasks)}")
-    rows = measure(args.config, args.jobs, args.steps, args.window, args.measure_budget_s,
-                   tuple(args.modes.split(",")))
+    budget_s = args.measure_budget_s if args.deadline is None else min(args.measure_budget_s, args.deadline - time.time())
+    rows = measure(args.config, args.jobs, args.steps, args.window, max(budget_s, 0.0), tuple(args.modes.split(",")))
     write_csv(Path(args.out), rows, FIELDS)
     budget = args.budget_s if args.deadline is None else round(args.deadline - time.time(), 1)
     choice = choose(rows, expansion, args.jobs, budget, args.overhead_s, args.margin)
     write_json(Path(args.choice), choice)
     print(json.dumps({k: v for k, v in choice.items() if k != "options"}), flush=True)
-    if args.apply:
+    if args.apply and choice["fits"]:  # nothing that does not fit is started, nor written
         apply(args.apply, choice)
     return 0
 

@@ -44,6 +44,9 @@ class Mixer(nn.Module):
     # False when that feed-forward's output replaces the stream instead of being added to it
     # (CRATE's ISTA step, Yu et al. 2023, arXiv:2306.01129); the block then drops its residual around it.
     feedforward_residual: ClassVar[bool] = True
+    # Whether the seeds of a run can train together as one vectorised model (seqmix.train.pack:
+    # torch.func.vmap over the members' stacked weights): a reason string where they cannot.
+    packable: ClassVar[bool | str] = True
 
     def __init__(self, d_model: int, options: Any, *, causal: bool = True, max_len: int | None = None):
         super().__init__()

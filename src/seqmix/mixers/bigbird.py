@@ -132,6 +132,7 @@ class BigBirdAttention(HeadProjections, Mixer):
     Options = BigBirdOptions
     has_scores = True
     has_step = True
+    packable = ("its random blocks are drawn from a per-model seed kept in Python (_seed), which one vectorised model cannot hold per member")
 
     def __init__(self, d_model: int, options: BigBirdOptions, *, causal=True, max_len=None):
         super().__init__(d_model, options, causal=causal, max_len=max_len)

@@ -247,6 +247,7 @@ class Performer(HeadProjections, Mixer):
     Options = PerformerOptions
     has_scores = True
     has_step = True
+    packable = ("its feature redraws follow a per-model seed and call count kept in Python (_seed, _calls), which one vectorised model cannot hold per member")
 
     def __init__(self, d_model: int, options: PerformerOptions, *, causal=True, max_len=None):
         super().__init__(d_model, options, causal=causal, max_len=max_len)

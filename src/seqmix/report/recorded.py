@@ -54,24 +54,32 @@ ABSENT = "(absent)"
 
 
 def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
-           made_by: str | None = None, commit: str | None = None, expansion: Expansion | None = None) -> Path:
+           made_by: str | None = None, commit: str | None = None, partial: bool = False,
+           expansion: Expansion | None = None) -> Path:
     """Copy every run's RUN_FILES of the study ``config`` into ``out``/<profile>/<device>-<date>/
     with a meta.json; returns that directory. Refuses (FileError) a study with a run that
-    has not finished training and evaluation, before copying anything. ``commit``: the
-    commit the runs were made at, for runs whose provenance has none (a checkout copied to
-    another machine without its .git); it never overrides one they have. ``expansion``: the
-    study of ``config``, expanded, where the caller has read it (the command line has)."""
+    has not finished training and evaluation, before copying anything; ``partial``: records
+    the runs that have finished, and meta.json's ``unfinished`` names the others (a GPU call
+    that ran out of time: scripts/gpu-headline.sh), refusing only a study with none finished.
+    ``commit``: the commit the runs were made at, for runs whose provenance has none (a
+    checkout copied to another machine without its .git); it never overrides one they have.
+    ``expansion``: the study of ``config``, expanded, where the caller has read it (the
+    command line has)."""
     from seqmix.expansion.table import expand
     from seqmix.expansion.validate import load_study
 
     expansion = expansion or expand(load_study(config))
     study = expansion.study
     dirs = {f"{r.task}/{r.arch}/seed{r.seed}": expansion.run_dir(r) for r in expansion.runs}
+    unfinished = {}
     for name, d in dirs.items():
         if missing := [f for f in RUN_FILES if not (d / f).is_file()]:
-            raise FileError(f"run {name} of {config} has not finished ({d} has no {', '.join(missing)}): run the "
-                            f"study to the end (snakemake --configfile {config}), then record it")
-    meta = _meta(study, config, dirs, command, made_by, commit)
+            unfinished[name] = (f"run {name} of {config} has not finished ({d} has no {', '.join(missing)}): run the "
+                                f"study to the end (snakemake --configfile {config}), then record it")
+    if unfinished and (not partial or len(unfinished) == len(dirs)):
+        raise FileError(next(iter(unfinished.values())))
+    dirs = {name: d for name, d in dirs.items() if name not in unfinished}
+    meta = {**_meta(study, config, dirs, command, made_by, commit), "unfinished": sorted(unfinished)}
     dest = Path(out) / study.profile / f"{meta['device_dir']}-{meta['date']}"
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

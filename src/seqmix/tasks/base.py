@@ -148,6 +148,12 @@ class Task:
     def loss(self, model: torch.nn.Module, batch: tuple) -> torch.Tensor:
         raise NotImplementedError
 
+    def pack_loss(self, model: torch.nn.Module, batch: tuple) -> torch.Tensor:
+        """``loss`` as a pack of seeds computes it (seqmix.train.pack, under torch.func.vmap):
+        the same value up to float rounding, with no shape or branch that depends on the
+        batch's values, which vmap cannot batch. Default: ``loss`` itself."""
+        return self.loss(model, batch)
+
     def progress(self, batch: tuple) -> int:
         """How many ``progress_unit`` a training batch holds."""
         raise NotImplementedError

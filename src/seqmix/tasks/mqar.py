@@ -114,6 +114,11 @@ class MQAR(Task):
     def loss(self, model, batch):
         return model.loss(*batch)
 
+    def pack_loss(self, model, batch):
+        # every position through the head, the unscored ones (-100) dropped by cross_entropy's
+        # ignore_index: the loss of the query positions without selecting them by a mask
+        return model.loss(*batch, every_position=True)
+
     def progress(self, batch):
         return int(batch[0].numel())
 

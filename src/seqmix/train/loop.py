@@ -68,19 +68,22 @@ def check_precision(train: TrainSettings, device: torch.device) -> None:
                           "(config/paper-smoke.yaml does), or run on a GPU")
 
 
-def memory_problem(task: Task, model: torch.nn.Module, batch_size: int, device: torch.device) -> str | None:
+def memory_problem(task: Task, model: torch.nn.Module, batch_size: int, device: torch.device,
+                   copies: int = 1) -> str | None:
     """A training step that cannot fit this machine: its forward and backward at small batches
-    extended to ``batch_size``, weights and AdamW's moments (``measure.training_step_bytes``)
-    against the memory it has; None if it fits."""
+    extended to ``batch_size``, weights and AdamW's moments (``measure.training_step_bytes``),
+    times ``copies`` (a pack of seeds: seqmix.train.pack), against the memory it has; None if
+    it fits."""
 
     def loss_at(b: int) -> torch.Tensor:
         return task.loss(model, task.example_batch(b, device))
 
-    need = measure.training_step_bytes(loss_at, model, batch_size)
+    need = copies * measure.training_step_bytes(loss_at, model, batch_size)
     have = measure.available_memory(device.type)
     if need <= have:
         return None
-    return (f"a training step of {task.spec.run_name} needs about {need / GIB:.1f} GiB (its forward and backward "
+    whose = task.spec.run_name if copies == 1 else f"a pack of {copies} seeds of {task.spec.run_name}"
+    return (f"a training step of {whose} needs about {need / GIB:.1f} GiB (its forward and backward "
             f"at batch {batch_size}, weights and AdamW's moments), and this machine has {have / GIB:.1f} GiB "
             "available: lower train.batch_size or model.d_model, or run it on a GPU with that much memory "
             "(python -m seqmix plan shows every run's)")
@@ -155,6 +158,7 @@ class Run:
     started: float = 0.0
     code: Code | None = None  # the code that trains it (seqmix.sources), part of its identity
     finished_before: bool = False  # restored from final.pt: only the results are written again
+    pack: dict | None = None  # trained in a pack of seeds (seqmix.train.pack): provenance.json names it
 
     @property
     def run_dir(self) -> Path:
@@ -363,7 +367,8 @@ def finish(run: Run) -> dict:
     metrics = metrics_of(run)
     write_json(run.run_dir / "provenance.json", provenance(run.device, seed=run.spec.seed, code=run.code,
                                                           wall_time_s=run.state.elapsed,
-                                                          training_step=run.loss_of.record()))
+                                                          training_step=run.loss_of.record(),
+                                                          **({"pack": run.pack} if run.pack else {})))
     write_json(run.run_dir / "metrics.json", metrics)
     (run.run_dir / CHECKPOINT).unlink(missing_ok=True)  # final.pt holds all a rerun needs
     remove_stale_temps(ckpt_dir)

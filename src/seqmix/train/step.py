@@ -133,11 +133,10 @@ def lr_lambda(train: TrainSettings):
     return f
 
 
-def make_optimizer(model: torch.nn.Module, train: TrainSettings) -> torch.optim.AdamW:
-    """AdamW over the model's parameters; fused (one kernel for every update) under
-    ``train.compile``."""
-    # Decay matrices only (nanoGPT): not biases, norms, embeddings' positions, nor the
-    # parameters a mixer names in no_weight_decay() (Mamba's A_log and D, ToST's temp).
+def decay_split(model: torch.nn.Module) -> tuple[list[str], list[str]]:
+    """The names of the parameters AdamW decays and of the others (``make_optimizer``): matrices
+    only (nanoGPT), not biases, norms, embeddings' positions, nor the parameters a mixer names
+    in no_weight_decay() (Mamba's A_log and D, ToST's temp). Tied parameters once."""
     no_decay = set()
     for mod_name, module in model.named_modules():
         if hasattr(module, "no_weight_decay") and callable(module.no_weight_decay):
@@ -147,6 +146,19 @@ def make_optimizer(model: torch.nn.Module, train: TrainSettings) -> torch.optim.
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 and name not in no_decay else other).append(p)
-    groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": other, "weight_decay": 0.0}]
+        (decay if p.dim() >= 2 and name not in no_decay else other).append(name)
+    return decay, other
+
+
+def adamw(params: dict[str, torch.Tensor], split: tuple[list[str], list[str]], train: TrainSettings) -> torch.optim.AdamW:
+    """AdamW over ``params`` by name, decaying the first list of ``split``; fused (one kernel for
+    every update) under ``train.compile``."""
+    decay, other = split
+    groups = [{"params": [params[n] for n in decay], "weight_decay": train.weight_decay},
+              {"params": [params[n] for n in other], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas), fused=train.compile or None)
+
+
+def make_optimizer(model: torch.nn.Module, train: TrainSettings) -> torch.optim.AdamW:
+    """AdamW over the model's parameters (``decay_split``, ``adamw``)."""
+    return adamw(dict(model.named_parameters()), decay_split(model), train)
