@@ -132,8 +132,8 @@ def test_a_cached_shim_that_is_not_the_one_built_is_built_again(tmp_path, damage
     assert not mkl_shim.intact(library)
     env = {**{k: v for k, v in os.environ.items() if k not in numerics.VARIABLES and k != "LD_PRELOAD"},
            "PYTHONPATH": str(REPO / "src"), mkl_shim.CACHE_ENV: str(tmp_path)}
-    code = ("import sys, types; from seqmix import cli, mkl_shim; "
-            "cli.pin_numerics(types.SimpleNamespace(asked_numerics='portable')); print(mkl_shim.loaded())")
+    code = ("import sys, types; from seqmix import mkl_shim; from seqmix.cli import environment; "
+            "environment.pin_numerics(types.SimpleNamespace(asked_numerics='portable')); print(mkl_shim.loaded())")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
     assert proc.stdout.strip() == str(library) and library.read_bytes() == built and mkl_shim.intact(library)

@@ -122,7 +122,7 @@ class H3(Mixer):
     Options = H3Options
     supports_noncausal = False
     has_step = True
-    packable = ("its FFT convolution and S4D kernel are autograd.Functions without setup_context, which vmap refuses")
+    packable = ("its FFT convolution and S4D kernel define their backward without setup_context (kernels/fft_conv.py, kernels/s4d.py), which vmap refuses")
 
     def __init__(self, d_model: int, options: H3Options, *, causal=True, max_len=None):
         super().__init__(d_model, options, causal=causal, max_len=max_len)
