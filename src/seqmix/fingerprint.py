@@ -170,14 +170,15 @@ def host_record(mode: str) -> dict[str, str]:
             "flags": " ".join(f for f in flags if f.startswith(("avx", "fma", "sse", "amx"))), "mode": mode}
 
 
-def toolchain() -> dict[str, str | None]:
-    """The C++ compiler that builds Mamba's fused CPU scan on this host (torch's extension
-    builder: $CXX, else c++) and the glibc whose vector exp it calls: that mixer's bits are
-    theirs (docs/hosts.md). None where there is none."""
+def toolchain(cxx: str = "c++") -> dict[str, str | None]:
+    """The C++ compiler ``cxx`` that builds Mamba's fused CPU scan on this host (torch's
+    extension builder's: $CXX, else c++, as seqmix.cli.environment.compiler reads it) and the
+    glibc whose vector exp it calls: that mixer's bits are theirs (docs/hosts.md). None where
+    there is none."""
     import subprocess
 
     try:
-        version = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True, text=True,
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
                                  timeout=60).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         version = ""
@@ -185,7 +186,7 @@ def toolchain() -> dict[str, str | None]:
             "glibc": os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else None}
 
 
-def measure(mode: str) -> dict[str, Any]:
+def measure(mode: str, cxx: str = "c++") -> dict[str, Any]:
     """This host's fingerprint under ``mode`` as `--out` writes it: the host, its toolchain, the
     digests in full, the code they depend on and the numerics that ran (trained in this process,
     whose libraries the CLI pinned before torch was imported)."""
@@ -197,7 +198,7 @@ def measure(mode: str) -> dict[str, Any]:
     state = provenance.numerics_record()
     found = sources()
     return {**host_record(mode), "pinned": state["pinned"], "date": datetime.date.today().isoformat(),
-            "commit": commit_of(found), "torch": torch.__version__, **toolchain(), "digests": digests,
+            "commit": commit_of(found), "torch": torch.__version__, **toolchain(cxx), "digests": digests,
             "sources": found, "numerics": state}
 
 

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from seqmix.cli.environment import data_mirror
+from seqmix.cli.environment import compiler, data_mirror
 from seqmix.cli.inputs import expansion_of, job_of, parse_spec, profile_of, study_of
 from seqmix.errors import ConfigError
 
@@ -264,7 +264,7 @@ def cmd_fingerprint(args) -> int:
         found = read_json(args.from_file, fix="give the JSON `python -m seqmix fingerprint --out FILE` wrote")
         entry = fingerprint.entry_of(found, args.from_file)
     else:
-        found = fingerprint.measure(args.numerics)
+        found = fingerprint.measure(args.numerics, compiler())
         entry, state = fingerprint.entry_of(found), found["numerics"]
         print(f"# numerics {args.numerics}: ATen {state['aten_capability']}, oneMKL {state['mkl_branch']}, oneDNN "
               f"cap {state['onednn_max_isa'] or 'none'}, threads {state['threads']}; {state['cpu']} "

@@ -78,3 +78,8 @@ def keep_freed_memory_unless_asked() -> bool:
 def data_mirror() -> str | None:
     """$SEQMIX_DATA_MIRROR, the raw-data mirror a data job uses where data.mirror is null."""
     return os.environ.get(MIRROR_ENV) or None
+
+
+def compiler() -> str:
+    """$CXX, else c++: the C++ compiler torch's extension builder runs (Mamba's fused scan)."""
+    return os.environ.get("CXX") or "c++"
