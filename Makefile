@@ -158,7 +158,7 @@ clean:
 
 # `make kernels-compile`: every Triton kernel compiled for sm_80 and sm_90 at every launch of both
 # profiles, `bench kernels` and the kernel tests, with the pinned Triton (no GPU needed; the
-# slow test of tests/test_kernel_compile.py). `make kernels-compile-check [TRITON=3.6.0]`: the same
+# slow test of tests/kernels/test_kernel_compile.py). `make kernels-compile-check [TRITON=3.6.0]`: the same
 # with another Triton, installed alone into .triton-$(TRITON) (torch stays this venv's); 3.6.0
 # is the oldest supported (torch 2.11's, the H100 image's). Tables: results/kernels-compile/.
 TRITON ?= 3.6.0

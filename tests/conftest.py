@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 
 # What CI must test, by the variable .ci/run sets to 1 for it: where one of these is missing,
 # a test that needs it skips on a developer's machine and fails in CI (skip_or_fail), so that
-# CI is never green without having tested it. tests/test_repository.py holds .ci/run to this
+# CI is never green without having tested it. tests/project/test_repository.py holds .ci/run to this
 # list and every skip in tests/ to skip_or_fail with one of these.
 REQUIREMENTS = {
     "SEQMIX_REQUIRE_MIRROR": "the data layer",
@@ -174,7 +174,7 @@ def shared_study(tmp_path_factory, mirror):
     """The tiny study the DAG tests share (tests/study.py), built once for the session and
     put through what they ask of it: one build for every pytest worker, started as the
     session starts (pytest_collection_modifyitems below)."""
-    from .study import shared_study
+    from tests.shared_study import shared_study
 
     return shared_study(session_dir(tmp_path_factory) / "shared-study", mirror)
 
@@ -195,7 +195,7 @@ def pytest_collection_modifyitems(session, config, items):
     factory, mirror = getattr(config, "_tmp_path_factory", None), mirror_path()
     if not needing or factory is None or mirror is None or config.option.collectonly:
         return
-    from .study import start_building
+    from tests.shared_study import start_building
 
     if (proc := start_building(session_dir(factory) / "shared-study", mirror)) is not None:
         _BUILDING.append(proc)
