@@ -171,7 +171,7 @@ def prepare_all(study) -> None:
 
 @pytest.fixture(scope="session")
 def shared_study(tmp_path_factory, mirror):
-    """The tiny study the DAG tests share (tests/study.py), built once for the session and
+    """The tiny study the DAG tests share (tests/shared_study.py), built once for the session and
     put through what they ask of it: one build for every pytest worker, started as the
     session starts (pytest_collection_modifyitems below)."""
     from tests.shared_study import shared_study

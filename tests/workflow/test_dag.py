@@ -1,4 +1,4 @@
-"""The Snakemake DAG end to end on the tiny study (tests/study.py) in a temporary directory:
+"""The Snakemake DAG end to end on the tiny study (tests/shared_study.py) in a temporary directory:
 it produces a PDF from this run's results; asking for one figure reruns only its notebook;
 editing one task reruns that task's jobs and what reads them, nothing else; parsing the DAG
 imports no torch; a bad config fails before any job runs."""
@@ -182,7 +182,7 @@ def test_the_html_report_shows_every_figure_of_the_run(shared_study, tmp_path):
 
 def test_nothing_left_to_do_after_a_full_run(shared_study):
     assert shared_study.seen["nothing left"] == {}  # right after the build
-    proc = shared_study.dry_run()  # and after everything tests/study.py did with it
+    proc = shared_study.dry_run()  # and after everything tests/shared_study.py did with it
     assert planned_jobs(proc) == {}, proc.stdout[-2000:]
 
 
@@ -276,7 +276,7 @@ def test_parsing_the_dag_again_reads_the_cached_job_table_and_imports_no_torch(s
 
 def test_editing_a_notebook_reruns_only_that_notebook(shared_study):
     # A bare `touch` is not a change for Snakemake >= 8: it compares the checksums of small
-    # inputs, so an unchanged notebook is not rerun. tests/study.py edits it, as a researcher would.
+    # inputs, so an unchanged notebook is not rerun. tests/shared_study.py edits it, as a researcher would.
     assert shared_study.seen["notebook edited, one figure"] == {"notebook_complexity": 1}
     assert shared_study.seen["notebook edited"] == {"notebook_complexity": 1, "report": 1, "latest_report": 1, "all": 1}
 
@@ -300,7 +300,7 @@ def test_a_committed_recording_reruns_the_notebooks_that_read_it_and_they_report
 
 
 # -- faults in the real DAG (issue 15): paths with spaces, quotes and shell metacharacters; a
-# task whose every run diverges before its first evaluation (tests/study.py's config) --------
+# task whose every run diverges before its first evaluation (tests/shared_study.py's config) --------
 
 
 def test_hostile_paths_run_the_dag_and_inject_nothing(shared_study):

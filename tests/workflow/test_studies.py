@@ -6,7 +6,7 @@ and Snakemake runs the jobs below an existing, up-to-date target only when one o
 reason to (a newer input, changed params), which the notebooks' other output, never made
 for that study, kept it from checking.
 
-The first study is the shared one (tests/study.py), which built the second one (MQAR only,
+The first study is the shared one (tests/shared_study.py), which built the second one (MQAR only,
 its own name, results and data folders) in its working directory and switched back to
 itself, recording what each step planned and each report's digest."""
 
