@@ -2,7 +2,7 @@
 whichever pytest worker asks first (the others wait on a lock and read what it recorded).
 
 Its config holds what each of them asserts on (tests/workflow/test_dag.py, test_extension.py,
-test_studies.py, test_faults.py):
+test_studies.py, tests/faults/test_files.py):
 
 - three tasks and two architectures, as a study of the README (MQAR, WikiText-2, SNLI);
 - a 13th mixer added as docs/extending.md's "Adding a mixer" says (a module in a package of its own

@@ -5,7 +5,7 @@ mixers and Grassmann's Triton kernel under the interpreter; each member writes a
 files; members that end at different steps leave the pack unchanged from then on; and a pack
 stopped at any event of its checkpoint commits (between two members' writes included) resumes
 to the bytes of an uninterrupted pack. Kills are events, never moments: an exception raised
-in this process at a chosen write, with what a killed writer leaves behind (tests/faults/test_faults.py).
+in this process at a chosen write, with what a killed writer leaves behind (tests/faults/).
 
 MQAR (synthetic): no mirror needed. About a minute on a 2-core CPU."""
 
