@@ -188,17 +188,31 @@ def finished(tmp_path_factory) -> Path:
     return root
 
 
-def edited(finished: Path, file: str, old: str, new: str) -> tuple[Path, Path]:
-    """The finished study, as it was made, with ``old`` replaced by ``new`` in ``file`` of its
-    sources: (src, work)."""
+def restored(finished: Path) -> tuple[Path, Path]:
+    """The finished study, as it was made: (src, work)."""
     live = finished / "live"
     shutil.rmtree(live)
     shutil.copytree(finished / "done", live, symlinks=True)
-    path = live / "src" / file
-    text = path.read_text()
-    assert old in text, (file, old)
-    path.write_text(text.replace(old, new, 1))
     return live / "src", live / "work"
+
+
+def edited(finished: Path, file: str, old: str, new: str) -> tuple[Path, Path]:
+    """The finished study, as it was made, with ``old`` replaced by ``new`` in ``file`` of its
+    sources: (src, work). An edit that would leave the file as it was is refused."""
+    src, work = restored(finished)
+    path = src / file
+    text = path.read_text()
+    assert old and old != new and old in text, (file, old, new)
+    path.write_text(text.replace(old, new, 1))
+    assert path.read_text() != text, f"{file} unchanged"
+    return src, work
+
+
+def nothing_planned(proc: subprocess.CompletedProcess) -> bool:
+    """A dry run said it has nothing to do: its own words, not only an empty job table (a run
+    that printed no table at all has one too)."""
+    out = proc.stdout + proc.stderr
+    return "Nothing to be done (all requested files are present and up to date)." in out and planned_jobs(proc) == {}
 
 
 def run_files(work: Path) -> dict[str, str]:
@@ -238,10 +252,11 @@ def test_a_functional_edit_to_one_mixer_retrains_its_runs_and_reruns_what_reads_
 
 
 def test_a_bare_touch_reruns_nothing_and_a_comment_reruns_only_what_the_file_reaches(finished):
-    src, work = edited(finished, "src/seqmix/mixers/softmax.py", "", "")
+    src, work = restored(finished)
     (src / "src" / "seqmix" / "mixers" / "softmax.py").touch()
     (src / "kernels" / "selective_scan_cpu.cpp").touch()
-    assert planned_jobs(snakemake(src, work, "-n", "--configfile", "tiny.yaml")) == {}
+    proc = snakemake(src, work, "-n", "--configfile", "tiny.yaml")
+    assert nothing_planned(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
     src, work = edited(finished, "src/seqmix/mixers/softmax.py",
                        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n",
                        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        # a comment\n")
