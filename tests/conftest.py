@@ -197,7 +197,7 @@ LONGEST = (
     "tests/core/test_slots.py",
     "tests/workflow/test_slurm.py",
     "tests/faults/test_disk.py",
-    "tests/mixers/test_mixers_recurrent.py",
+    "tests/mixers/test_mixers_scan.py",
     "tests/core/test_plan.py",
     "tests/mixers/test_mixers_attention.py",
     "tests/kernels/test_kernels.py",

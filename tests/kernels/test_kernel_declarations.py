@@ -60,7 +60,7 @@ def test_a_declaration_calls_its_kernel():
 def test_a_kernel_is_declared_once(monkeypatch):
     from seqmix.mixers import scan
 
-    twin = Kernel("gla", "pytorch", lambda: None, scan.linear_scan_reference, "tests/mixers/test_mixers_recurrent.py")
+    twin = Kernel("gla", "pytorch", lambda: None, scan.linear_scan_reference, "tests/mixers/test_mixers_scan.py")
     monkeypatch.setattr(scan, "twin", twin, raising=False)
     with pytest.raises(ValueError, match="two kernels are declared as 'gla'"):
         declared_kernels()

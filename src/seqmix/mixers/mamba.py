@@ -178,13 +178,13 @@ def triton_scan():
     return selective_scan
 
 
-@kernel("selective_scan_cpu", "cpp", reference=selective_scan_reference, test="tests/mixers/test_mixers_recurrent.py")
+@kernel("selective_scan_cpu", "cpp", reference=selective_scan_reference, test="tests/mixers/test_mixers_scan.py")
 def cpp_scan():
     """Time-major, without D and z: ``selective_scan_fused`` adds them."""
     return selective_scan_cpu.selective_scan_cpu
 
 
-@kernel("selective_scan_chunked", "pytorch", reference=selective_scan_reference, test="tests/mixers/test_mixers_recurrent.py")
+@kernel("selective_scan_chunked", "pytorch", reference=selective_scan_reference, test="tests/mixers/test_mixers_scan.py")
 def pytorch_scan():
     """Time-major, without D and z: ``selective_scan_chunked`` adds them."""
     return chunked_scan
