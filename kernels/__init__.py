@@ -6,7 +6,7 @@ reference it equals and the test comparing them (``seqmix.mixers.base.kernel``);
 The forms: Triton kernels for CUDA tensors (each a ``torch.autograd.Function`` or
 ``torch.library`` op behind one function with its reference's signature; on a CPU they run
 under ``TRITON_INTERPRET=1``, set before they are imported: slow, exact, and how
-tests/test_kernels.py checks them), Mamba's fused C++ scan for CPU tensors, and vectorised
+tests/kernels/test_kernels.py checks them), Mamba's fused C++ scan for CPU tensors, and vectorised
 PyTorch forms: those with hand-written backwards (H3's, the scans) and GLA's chunked forms,
 the Triton kernel's algorithm in PyTorch. Mixers reach them through
 ``seqmix.mixers.dispatch`` (Triton, C++) or call them (PyTorch).

@@ -1,7 +1,7 @@
 """The causal convolution by FFT with its backward written out: H3's shift and diagonal SSMs
 (``seqmix.mixers.h3``), where the skip D is the kernel's lag 0. Its plain reference, an
 explicit sum per position, is ``seqmix.mixers.h3.causal_conv_reference``
-(tests/test_zoo_recurrent.py compares them forward and backward).
+(tests/mixers/test_mixers_recurrent.py compares them forward and backward).
 """
 
 from __future__ import annotations

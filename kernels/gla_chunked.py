@@ -1,7 +1,7 @@
 """GLA's chunkwise forms in PyTorch (Yang et al., ICML 2024, arXiv:2312.06635; fla
 ``chunk.py``): the CPU path of the GLA mixer (``gla_chunk``), differentiated by autograd. The
 specification they equal is ``seqmix.mixers.gla.gla_recurrent_reference``
-(tests/test_zoo_recurrent.py). They sit beside the Triton kernel (``seqmix.kernels.gla``),
+(tests/mixers/test_mixers_recurrent.py). They sit beside the Triton kernel (``seqmix.kernels.gla``),
 whose algorithm ``gla_chunk_reference`` is, with the same secondary chunks (``SUBCHUNK``, which
 the kernel imports from here); no Triton here, so a CPU machine imports it without triton.
 """

@@ -1,6 +1,6 @@
 """The linear recurrence h_t = a_t ⊙ h_{t-1} + b_t along time, vectorised: the fast form of
 ``seqmix.mixers.scan.linear_scan_reference`` (its spec, one step per token), compared with it
-in tests/test_zoo_recurrent.py. GLA's chunk-to-chunk state carry and Performer's causal
+in tests/mixers/test_mixers_scan.py. GLA's chunk-to-chunk state carry and Performer's causal
 FAVOR+ use ``linear_scan`` (autograd); Mamba's chunked scan carries its chunk states with
 ``scan`` (no autograd, seqmix.kernels.selective_scan_chunked).
 

@@ -1,7 +1,7 @@
 """H3's diagonal SSM kernel (S4D) from its parameters in one autograd node with its backward
 written out: the bilinear discretisation and the blocked Vandermonde product of
 ``seqmix.mixers.h3``, whose composition ``s4d_kernel_reference`` it equals
-(tests/test_zoo_recurrent.py compares them forward and backward).
+(tests/mixers/test_mixers_recurrent.py compares them forward and backward).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ form of ``seqmix.mixers.mamba.selective_scan_reference`` (the spec, one Python s
 token) where neither the Triton scan (CUDA tensors, ``seqmix.kernels.selective_scan``) nor
 the fused C++ loop (CPU tensors, ``seqmix.kernels.selective_scan_cpu``) runs. The mixer's
 ``selective_scan_chunked`` takes the reference's arguments (layout, the D skip and the SiLU(z)
-gate) and calls ``selective_scan_chunked`` here; tests/test_zoo_recurrent.py compares the
+gate) and calls ``selective_scan_chunked`` here; tests/mixers/test_mixers_scan.py compares the
 two forward and backward.
 
 The recurrence h_t = a_t h_{t-1} + b_t is cut into chunks of C tokens and one Python loop over

@@ -6,7 +6,7 @@
 # Where seqmix and its dependencies are not importable (a bare GPU image: Python 3.12,
 # torch, Triton, no package registry), it first installs them into $GPU_SITE (default
 # .gpu-site/, in the checkout) with scripts/gpu-site.sh: the wheels scripts/gpu-wheels.sh
-# gathered into .gpu-wheels/ and seqmix itself, the layout tests/test_install.py installs.
+# gathered into .gpu-wheels/ and seqmix itself, the layout tests/project/test_install.py installs.
 # Numerics: native (python -m tools.bench gpu-check's default: the GPU's own arithmetic, and
 # no C compiler needed, which portable's oneMKL shim would need and a GPU image may lack).
 set -uo pipefail

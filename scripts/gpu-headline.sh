@@ -16,7 +16,7 @@
 #      files, logs and benchmarks, the recorded study; paths relative to the checkout) and
 #      this script's log, gpu-headline.log.
 # Every step is stamped with its second in the log. The CPU rehearsals (this script, no GPU)
-# are in docs/gpu-headline.md and tests/test_gpu_headline_script.py.
+# are in docs/gpu-headline.md and tests/tools/test_gpu_headline_script.py.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 t0=$(date +%s)

@@ -3,7 +3,7 @@
 # package registry): the wheels scripts/gpu-wheels.sh gathered into $WHEELS (when there are
 # any) and seqmix itself, non-editable, no dependencies, no build isolation, into $SITE
 # (default .gpu-site/), which must sit directly in the checkout: seqmix finds config/ as the
-# parent of its installed package's folder. scripts/gpu-check.sh runs it; tests/test_install.py
+# parent of its installed package's folder. scripts/gpu-check.sh runs it; tests/project/test_install.py
 # runs it into a copy of the checkout and imports every module from there.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 
 # What CI must test, by the variable .ci/run sets to 1 for it: where one of these is missing,
 # a test that needs it skips on a developer's machine and fails in CI (skip_or_fail), so that
-# CI is never green without having tested it. tests/test_repository.py holds .ci/run to this
+# CI is never green without having tested it. tests/project/test_repository.py holds .ci/run to this
 # list and every skip in tests/ to skip_or_fail with one of these.
 REQUIREMENTS = {
     "SEQMIX_REQUIRE_MIRROR": "the data layer",
@@ -171,10 +171,10 @@ def prepare_all(study) -> None:
 
 @pytest.fixture(scope="session")
 def shared_study(tmp_path_factory, mirror):
-    """The tiny study the DAG tests share (tests/study.py), built once for the session and
+    """The tiny study the DAG tests share (tests/shared_study.py), built once for the session and
     put through what they ask of it: one build for every pytest worker, started as the
     session starts (pytest_collection_modifyitems below)."""
-    from .study import shared_study
+    from tests.shared_study import shared_study
 
     return shared_study(session_dir(tmp_path_factory) / "shared-study", mirror)
 
@@ -182,20 +182,48 @@ def shared_study(tmp_path_factory, mirror):
 _BUILDING = []  # the process building the shared study, where this worker started it
 
 
+# The files that take minutes (`make test --durations=30`), longest first. `make test` runs
+# files on two workers in the order collected (--dist loadfile --no-loadscope-reorder): these
+# start first and the many quick files fill in around them, so that both workers end
+# together. (By default pytest-xdist would order files by their number of tests, which put
+# most of these last, one worker running them alone at the end.) A guess of order, not a
+# bound: a file missing here only runs later.
+LONGEST = (
+    "tests/tools/test_gpu_headline_script.py",
+    "tests/workflow/test_reruns.py",
+    "tests/core/test_numerics.py",
+    "tests/workflow/test_checkouts.py",
+    "tests/tools/test_gpucheck.py",
+    "tests/core/test_slots.py",
+    "tests/workflow/test_slurm.py",
+    "tests/faults/test_disk.py",
+    "tests/mixers/test_mixers_scan.py",
+    "tests/core/test_plan.py",
+    "tests/mixers/test_mixers_attention.py",
+    "tests/kernels/test_kernels.py",
+)
+
+
+def file_of(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     # The shared study takes minutes: where a test of this session needs it, its build starts
     # now, in a process of its own, and the other tests run first, beside it (a stable sort:
-    # the files that need it go last, and in them the tests that need it).
+    # the files that need it go last, and in them the tests that need it). Before them, the
+    # longest files first (LONGEST).
     def needs(item) -> bool:
         return "shared_study" in getattr(item, "fixturenames", ())
 
-    needing = {i.nodeid.split("::")[0] for i in items if needs(i)}
-    items.sort(key=lambda i: (i.nodeid.split("::")[0] in needing, needs(i)))
+    needing = {file_of(i) for i in items if needs(i)}
+    rank = {name: n for n, name in enumerate(LONGEST)}
+    items.sort(key=lambda i: (file_of(i) in needing, rank.get(file_of(i), len(LONGEST)), needs(i)))
     factory, mirror = getattr(config, "_tmp_path_factory", None), mirror_path()
     if not needing or factory is None or mirror is None or config.option.collectonly:
         return
-    from .study import start_building
+    from tests.shared_study import start_building
 
     if (proc := start_building(session_dir(factory) / "shared-study", mirror)) is not None:
         _BUILDING.append(proc)

@@ -138,7 +138,7 @@ class MambaLMIndependent(nn.Module):
 
     def load_seqmix(self, state: dict) -> None:
         """Take the weights of a seqmix CausalLM with Mamba blocks: how
-        tests/test_mamba_independent.py holds the two models' outputs equal."""
+        tests/tools/test_mamba_independent.py holds the two models' outputs equal."""
         self.load_state_dict({mine: state[theirs] for mine, theirs in self.names().items()})
 
     def seqmix_state(self) -> dict:
@@ -157,7 +157,7 @@ class MambaLMIndependent(nn.Module):
 def build(kind: str, vocab: int, seq_len: int, d: int, d_state: int, zoh: bool, seed: int,
           through_seqmix: bool = False) -> nn.Module:
     """The model to train. ``through_seqmix``: the independent model's initial weights in
-    seqmix's model, which computes the same function (tests/test_mamba_independent.py) with
+    seqmix's model, which computes the same function (tests/tools/test_mamba_independent.py) with
     its fused scan, ~10x faster than the sequential one here: the independent
     initialisation and this loop at seqmix's speed."""
     torch.manual_seed(seed)

@@ -2,7 +2,7 @@
 to its `runs` target in a scratch copy of CHECKOUT; then one functional edit (the softmax
 mixer's output x 0.5); then the same snakemake command. Prints the jobs each snakemake ran
 and, per run, whether model.pt, log.csv and provenance's code changed. (The probe of the
-issue on code changes that retrain; tests/test_reruns.py holds the same claims.)
+issue on code changes that retrain; tests/workflow/test_reruns.py holds the same claims.)
 
     python -m tools.rerun_probe CHECKOUT SCRATCH
 """

@@ -6,7 +6,7 @@ training makes: oneMKL's matrix products and FFTs, oneDNN's conv1d and GELU, ATe
 dropout; a mixer without a causal form on a small SNLI classifier), on one thread, one fixed
 batch, then the SHA-256 of each model's weights and one of them all. Two hosts whose
 fingerprints agree train every mixer to the same bits; docs/hosts.md keeps the hosts
-measured, tests/test_numerics.py checks this host against them. Seconds, not minutes: no
+measured, tests/core/test_numerics.py checks this host against them. Seconds, not minutes: no
 data is read.
 """
 
@@ -31,11 +31,11 @@ it answers and why: seqmix/mkl_shim.c). A host needs x86-64 with AVX2 and FMA an
 Every such host should give the portable fingerprint below with the same torch version: one that
 differs is a defect of the pinning to find on that host (`python -m tools.numerics_probe` tells
 which library moves the bits), not a value to record, and `--record` refuses it, naming the
-mixers; tests/test_numerics.py checks this host against the entries and every pair of entries of
+mixers; tests/core/test_numerics.py checks this host against the entries and every pair of entries of
 one torch version against each other. `native` fingerprints are listed for comparison: they
 differ between hosts of other instruction sets or vendors.
 
-What is known per library (the evidence: docs/numerics-probe.md, tests/test_numerics.py):
+What is known per library (the evidence: docs/numerics-probe.md, tests/core/test_numerics.py):
 
 - oneMKL picks its kernels by the CPU's vendor as well as its instruction sets: natively on an
   AMD EPYC (Zen 5) `perf report` names `mkl_blas_def_sgemm_kernel_0_zen`, a Zen kernel of its

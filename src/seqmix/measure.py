@@ -6,7 +6,7 @@ FLOPs are ``FlopCounterMode``'s (matmul-class ops, SDPA, convolution) plus
 ``EXTRA_FLOP_FORMULAS`` and the custom ops' (seqmix.flop_formulas, where each kernel registers
 its own); elementwise work (scans, masks, gates) is not in them but is in the
 bytes written. Under ``FakeTensorMode`` the FLOPs are the same as on real tensors and the
-bytes within 5 % (tests/test_cost_count.py): meta kernels choose some output strides
+bytes within 5 % (tests/core/test_cost_count.py): meta kernels choose some output strides
 differently (e.g. ``elu_backward``), which can make a later reshape copy.
 """
 

@@ -14,7 +14,7 @@
    an interface Intel supports: a oneMKL that renamed them would ignore the answer. Nothing
    fails then, but the process reports oneMKL's branch AUTO
    (seqmix.train.provenance.numerics_record), its runs are recorded as not pinned, the report
-   flags them, and tests/test_numerics.py fails on such a host.
+   flags them, and tests/core/test_numerics.py fails on such a host.
 
    oneMKL's square root, made IEEE's. torch.sqrt is IEEE's square root; ATen computes it with
    oneMKL's vector math (vmsSqrt), whose AVX2 kernel refines the CPU's approximate vrsqrtps.

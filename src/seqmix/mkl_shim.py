@@ -3,7 +3,7 @@ the same bits on any vendor's x86-64 CPU (seqmix.numerics). What it answers and 
 source, seqmix/mkl_shim.c, whose comment is the one place that says so.
 
 ``load`` puts it in the process's global scope with ``dlopen(RTLD_GLOBAL)`` before torch is
-imported, which has the effect of ``LD_PRELOAD`` (tests/test_numerics.py). It is built once per
+imported, which has the effect of ``LD_PRELOAD`` (tests/core/test_numerics.py). It is built once per
 machine with the system's C compiler (``cc``) into a cache folder, under a name keyed by its
 source and flags, and renamed into place whole (two jobs starting at once each get a whole
 library), with the SHA-256 of what was built beside it. A cached library is checked against

@@ -12,7 +12,7 @@
 #
 # Idempotent: a cluster already up from the same directory is reused. Exit status 2 means
 # the cluster cannot be started here (not root, no apt-get, a port taken by another
-# program); tests/test_slurm.py skips on it (CI fails instead).
+# program); tests/workflow/test_slurm.py skips on it (CI fails instead).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"

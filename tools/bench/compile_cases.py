@@ -10,7 +10,7 @@ kernels, as (origin, call) cases that ``tools.bench.compile_jit.record`` runs on
 - ``bench``: ``bench kernels``'s triton cases at batch 4, its lengths and the GPU
   correctness lengths, in bf16, fp16 and fp32, forward and backward. It has none for Mamba's
   selective scan (not timed there), so the scan's launches come from the other two sources.
-- ``tests``: each kernel's test shapes (the ``*_CASES`` tables of tests/test_kernels.py), as its
+- ``tests``: each kernel's test shapes (the ``*_CASES`` tables of tests/kernels/test_kernels.py), as its
   entry of ``tools.bench.launches.LAUNCHES`` launches them.
 
 Mamba reaches its scan as the other mixers reach their kernels (``dispatch``'s Triton path);

@@ -4,7 +4,7 @@
 [--json FILE] [--jobs N]`` prints kernel × specialisation × arch -> ok or the compiler's first
 error lines, and exits 1 if a launch fails to compile or a kernel has no case (issue 24).
 The launches come from ``compile_cases``; ``compile_jit`` records, specialises and compiles
-them. tests/test_kernel_compile.py runs it with the pinned Triton, ``make
+them. tests/kernels/test_kernel_compile.py runs it with the pinned Triton, ``make
 kernels-compile-check`` with the oldest supported one (3.6.0). Triton's on-disk cache
 (``TRITON_CACHE_DIR``) makes a second run fast.
 """

@@ -2,7 +2,7 @@
 functions and the references they equal are what the mixer modules declare
 (``seqmix.mixers.triton_kernels()``), and the cases here take them from there; per kernel,
 ``LAUNCHES`` says how the compile check (``python -m tools.bench.compile_check``) launches it
-at its own tests' shapes (the ``*_CASES`` tables of tests/test_kernels.py) and how the kernel
+at its own tests' shapes (the ``*_CASES`` tables of tests/kernels/test_kernels.py) and how the kernel
 bench (``python -m tools.bench kernels``, ``make gpu-check``) times it, at what sizes and
 against what. A new Triton kernel is its declaration in its mixer's module and its launches
 here; ``kernel_launches()`` names a declared kernel that has none, and the compile check
@@ -169,7 +169,7 @@ def _tables(path: Path, *names: str) -> dict[str, list]:
 
 
 def _kernel_test_table(name: str) -> list:
-    path = REPO / "tests" / "test_kernels.py"
+    path = REPO / "tests" / "kernels" / "test_kernels.py"
     if not path.exists():
         raise FileNotFoundError(f"{path} is not here (an installed copy has no tests): run from a checkout, "
                                 "or leave out --source tests")
@@ -216,7 +216,7 @@ def _selective_scan_tests() -> Iterator[Case]:
         for dt in _test_dtypes():
             def call(Bt=Bt, D=D, N=N, L=L, skip_and_gate=skip_and_gate, dt=dt):
                 # 16-bit u, B, C, z beside fp32 Δ, A, D: what the layer passes under autocast
-                # (tests/test_kernels.py's half-input test); all fp32 otherwise
+                # (tests/kernels/test_kernels.py's half-input test); all fp32 otherwise
                 u, B, C = _param(Bt, D, L, dtype=dt), _param(Bt, N, L, dtype=dt), _param(Bt, N, L, dtype=dt)
                 delta, A = _param(Bt, D, L), _param(D, N)
                 skip, z = (_param(D), _param(Bt, D, L, dtype=dt)) if skip_and_gate else (None, None)

@@ -14,7 +14,7 @@ environment or writes to it, and where the process's global settings are made fr
 A data job also takes the data mirror from here (``data_mirror``). The other modules that read
 the environment are entry points of their own: seqmix.slots (the GPUs it spreads jobs over)
 and seqmix.study.dag (the Snakefile's: its cache key, and the environment of the ``jobs``
-command it runs); tests/test_dispatch.py keeps it so.
+command it runs); tests/mixers/test_dispatch.py keeps it so.
 """
 
 from __future__ import annotations

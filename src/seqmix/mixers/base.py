@@ -166,7 +166,7 @@ class Kernel:
 def kernel(name: str, form: KernelForm, *, reference: Callable[..., Any], test: str) -> Callable[[Callable], Kernel]:
     """Declare a kernel (``Kernel``): decorates the function that imports it and returns it,
 
-        @kernel("gla", "triton", reference=gla_recurrent_reference, test="tests/test_kernels.py")
+        @kernel("gla", "triton", reference=gla_recurrent_reference, test="tests/kernels/test_kernels.py")
         def triton_gla():
             from seqmix.kernels.gla import chunk_gla
             return chunk_gla

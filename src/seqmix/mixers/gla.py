@@ -54,12 +54,12 @@ def gla_recurrent_reference(
 
 
 # The kernels, both taking gla_chunk's arguments (q, k, v, log_alpha, chunk_size).
-@kernel("gla_chunked", "pytorch", reference=gla_recurrent_reference, test="tests/test_zoo_recurrent.py")
+@kernel("gla_chunked", "pytorch", reference=gla_recurrent_reference, test="tests/mixers/test_mixers_recurrent.py")
 def chunked_gla():
     return gla_chunk
 
 
-@kernel("gla", "triton", reference=gla_recurrent_reference, test="tests/test_kernels.py")
+@kernel("gla", "triton", reference=gla_recurrent_reference, test="tests/kernels/test_kernels.py")
 def triton_gla():
     from seqmix.kernels.gla import chunk_gla
 

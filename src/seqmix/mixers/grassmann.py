@@ -100,7 +100,7 @@ def grassmann_mix_reference(
 # The Triton kernel, never storing the Plücker tensor: causal offsets only; same arguments
 # as the collapsed form below. Its forward and backward are torch.library custom ops: a
 # compiled training step traces them without a graph break.
-@kernel("grassmann", "triton", reference=grassmann_mix_reference, test="tests/test_kernels.py")
+@kernel("grassmann", "triton", reference=grassmann_mix_reference, test="tests/kernels/test_kernels.py")
 def triton_grassmann():
     from seqmix.kernels.grassmann import grassmann_mix
 

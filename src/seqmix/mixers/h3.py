@@ -104,12 +104,12 @@ def s4d_kernel_reference(log_dt, log_A_real, A_imag, B, C, L: int) -> torch.Tens
 
 
 # The kernels (PyTorch, each with its backward written out), with the references they equal.
-@kernel("fft_conv", "pytorch", reference=causal_conv_reference, test="tests/test_zoo_recurrent.py")
+@kernel("fft_conv", "pytorch", reference=causal_conv_reference, test="tests/mixers/test_mixers_recurrent.py")
 def pytorch_fft_conv():
     return causal_fft_conv
 
 
-@kernel("s4d", "pytorch", reference=s4d_kernel_reference, test="tests/test_zoo_recurrent.py")
+@kernel("s4d", "pytorch", reference=s4d_kernel_reference, test="tests/mixers/test_mixers_recurrent.py")
 def pytorch_s4d():
     return s4d_kernel_from_parameters
 

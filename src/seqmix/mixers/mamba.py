@@ -169,7 +169,7 @@ def selective_scan_fused(
 
 
 # The kernels, each equal to selective_scan_reference.
-@kernel("selective_scan", "triton", reference=selective_scan_reference, test="tests/test_kernels.py")
+@kernel("selective_scan", "triton", reference=selective_scan_reference, test="tests/kernels/test_kernels.py")
 def triton_scan():
     """The D skip and SiLU(z) gate inside; the backward recomputes the states from per-chunk
     checkpoints instead of storing L x D x N."""
@@ -178,13 +178,13 @@ def triton_scan():
     return selective_scan
 
 
-@kernel("selective_scan_cpu", "cpp", reference=selective_scan_reference, test="tests/test_zoo_recurrent.py")
+@kernel("selective_scan_cpu", "cpp", reference=selective_scan_reference, test="tests/mixers/test_mixers_scan.py")
 def cpp_scan():
     """Time-major, without D and z: ``selective_scan_fused`` adds them."""
     return selective_scan_cpu.selective_scan_cpu
 
 
-@kernel("selective_scan_chunked", "pytorch", reference=selective_scan_reference, test="tests/test_zoo_recurrent.py")
+@kernel("selective_scan_chunked", "pytorch", reference=selective_scan_reference, test="tests/mixers/test_mixers_scan.py")
 def pytorch_scan():
     """Time-major, without D and z: ``selective_scan_chunked`` adds them."""
     return chunked_scan

@@ -21,7 +21,7 @@ def linear_scan_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack(out)
 
 
-@kernel("linear_scan", "pytorch", reference=linear_scan_reference, test="tests/test_zoo_recurrent.py")
+@kernel("linear_scan", "pytorch", reference=linear_scan_reference, test="tests/mixers/test_mixers_scan.py")
 def pytorch_linear_scan():
     from seqmix.kernels.linear_scan import linear_scan
 

@@ -74,7 +74,7 @@ def tssa_reference(
     return (-(w * Pi[..., None]) / (1 + dots)).to(out_dtype)
 
 
-@kernel("tssa", "triton", reference=tssa_reference, test="tests/test_kernels.py")
+@kernel("tssa", "triton", reference=tssa_reference, test="tests/kernels/test_kernels.py")
 def triton_tssa():  # same arguments as tssa_reference
     from seqmix.kernels.tssa import tssa
 

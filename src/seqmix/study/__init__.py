@@ -5,6 +5,6 @@ expansion, task, run, job, ...) each mean one thing, defined in ``seqmix.study.g
 Modules: ``profile`` (reading a profile: a file or a JSON object, what it ``extends``, the
 overrides, its numerics), ``settings`` (the sections, typed), ``jobs`` (the job specs),
 ``sweep`` (a task's grid), ``dag`` (the job table as the Snakefile reads it). None imports
-torch, a task or a mixer (tests/test_code_shape.py keeps that so): what needs their classes,
+torch, a task or a mixer (tests/project/test_code_shape.py keeps that so): what needs their classes,
 validating a study and expanding it, is seqmix.expansion, above them. This file imports nothing.
 """

@@ -19,7 +19,7 @@ run does per run:
   the others go on, re-stacked without it.
 
 What a packed run is: its weights, batches, schedule and evaluations are its single run's,
-its arithmetic is batched (equal to the single run's up to fp32 rounding: tests/test_packs.py),
+its arithmetic is batched (equal to the single run's up to fp32 rounding: tests/train/test_packs.py),
 and its dropout masks are drawn for all members at once from one generator (vmap's
 ``randomness="different"``), so they depend on the pack's members: a packed run cannot
 reproduce its single run's dropout stream, and is not the same run. Its identity

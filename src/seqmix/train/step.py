@@ -18,7 +18,7 @@ The first step runs eagerly: ``seqmix.mixers.dispatch`` resolves each mixer's fa
 (compiling and checking a Triton kernel, falling back where one fails), and the compiled steps
 take those paths, a fast path as an opaque call outside the graph (dispatch's docstring). The
 model, batches and optimiser are the same; the losses equal eager ones up to float rounding
-(fused and reordered sums; tests/test_train.py holds 20 steps equal). Dropout draws its masks
+(fused and reordered sums; tests/train/test_train.py holds 20 steps equal). Dropout draws its masks
 from inductor's generator under compile: the same distribution, other masks than eager's.
 """
 
