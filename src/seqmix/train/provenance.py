@@ -94,7 +94,7 @@ def numerics_record() -> dict:
     from the libraries, oneMKL's and oneDNN's caps from the environment), the file of oneMKL's
     shim where it is loaded (seqmix.mkl_shim), the threads, and the CPU with its vendor and
     flags. ``pinned``: every pin in effect, so that the run's bits are those of any other host
-    with AVX2 and FMA (docs/hosts.md)."""
+    with AVX2 and FMA (docs/reference/hosts.md)."""
     env = SETTINGS["environment"]
     effective = {"aten_capability": torch.backends.cpu.get_cpu_capability(), "mkl_branch": mkl_branch(),
                  "mkl_max_isa": env.get("MKL_ENABLE_INSTRUCTIONS"), "onednn_max_isa": env.get("ONEDNN_MAX_CPU_ISA"),
