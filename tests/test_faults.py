@@ -38,7 +38,7 @@ import yaml
 from seqmix import io as seqmix_io
 from seqmix.cli import main as cli
 from seqmix.data.manifest import DataError, read_manifest, write_manifest
-from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
+from seqmix.data.raw import RAW_FILES, mirror_file, resolve_source
 from seqmix.expansion.table import expand
 from seqmix.expansion.validate import ConfigError, validate_study
 from seqmix.io import FileError, read_json, write_json

@@ -72,7 +72,7 @@ def test_a_host_below_the_minimum_is_refused_with_the_fix(monkeypatch):
 @pytest.fixture
 def no_compiler(tmp_path, monkeypatch):
     """A machine without a C compiler, whose shim cache is empty."""
-    monkeypatch.setitem(mkl_shim.SETTINGS, "cache_home", str(tmp_path / "cache"))
+    monkeypatch.setitem(mkl_shim.CONFIGURED, "cache_home", str(tmp_path / "cache"))
     monkeypatch.setenv(mkl_shim.CACHE_ENV, str(tmp_path / "cache"))  # as the CLI reads it
     monkeypatch.setattr(mkl_shim, "compiler", lambda: None)
 

@@ -148,8 +148,8 @@ def title(name: str) -> str:
     return name
 
 
-def load(path: str):
-    """The object named by "module:attribute"."""
+def imported(path: str):
+    """The object named by "module:attribute", imported."""
     import importlib
 
     module_name, _, attribute = path.partition(":")
