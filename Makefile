@@ -31,15 +31,15 @@ report_dir = $$(python -m seqmix where report --config $(1))
 	lint clean help gpu-check gpu-check-smoke gpu-wheels gpu-data
 
 help:
-	@echo "make report       the quick profile's report (2-core CPU, about an hour: docs/report-timings.md) -> results/report/, copied to paper/report.pdf"
-	@echo "make report-timings  put the last make report's job times (commit, machine) in docs/report-timings.md"
+	@echo "make report       the quick profile's report (2-core CPU, about an hour: docs/costs/report-timings.md) -> results/report/, copied to paper/report.pdf"
+	@echo "make report-timings  put the last make report's job times (commit, machine) in docs/costs/report-timings.md"
 	@echo "make readme-results  put what the last make report found (claims table, figures; commit, host) in README.md"
 	@echo "make paper        the paper profile's (config/paper.yaml, GPU) -> results/paper/report/, copied to paper/report.pdf"
-	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU) -> docs/paper-smoke.md"
+	@echo "make paper-smoke  the paper profile at its exact shapes, steps cut to a handful (CPU) -> docs/costs/paper-smoke.md"
 	@echo "make paper-headline  the headline study's runs and evaluations on a GPU, then recorded (<= 9 min on an H100)"
 	@echo "make paper-headline-smoke  the same at its exact shapes, steps cut, jobs packed on one fake GPU (CPU)"
-	@echo "make plan         what config/paper.yaml costs (runs, tokens, FLOPs, memory, H100 hours) -> docs/plan.md"
-	@echo "make docs-blocks  each mixer's residual block and why, from the catalogue -> docs/blocks.md"
+	@echo "make plan         what config/paper.yaml costs (runs, tokens, FLOPs, memory, H100 hours) -> docs/costs/plan.md"
+	@echo "make docs-blocks  each mixer's residual block and why, from the catalogue -> docs/reference/blocks.md"
 	@echo "make gpu-check    on a GPU: kernels, kernel bench, step times, a training run -> results/bench/<gpu>/ (<= 8 min)"
 	@echo "make gpu-wheels   the wheels a GPU machine without a package registry installs (.gpu-wheels/)"
 	@echo "make gpu-data     WikiText-2 and the headline study's prepared data for a GPU machine (.gpu-data/, data/paper-headline/)"
@@ -69,11 +69,11 @@ report: install latex
 	snakemake --cores $(CORES) --report "$(call report_dir,config/config.yaml)/report.html"
 	python -m seqmix benchmarks results/benchmarks --out results/benchmarks.csv --markdown results/benchmarks.md
 
-# docs/report-timings.md: the default study's job times per rule, from the last `make report`
+# docs/costs/report-timings.md: the default study's job times per rule, from the last `make report`
 # in this checkout, headed by the commit and machine its runs recorded.
 report-timings: install
 	python -m seqmix benchmarks results/benchmarks --markdown results/benchmarks.md
-	python -m tools.docs docs/report-timings.md results/benchmarks.md
+	python -m tools.docs docs/costs/report-timings.md results/benchmarks.md
 
 # README.md's Results: what the last finished quick study found (after make report): its claims
 # table and its figures (docs/results/*.png), headed by the commit and host its runs recorded.
@@ -92,7 +92,7 @@ paper-smoke: install latex
 	$(SNAKEMAKE) --configfile config/paper-smoke.yaml
 	python -m seqmix benchmarks results/paper-smoke/benchmarks --out results/paper-smoke/benchmarks.csv \
 		--markdown results/paper-smoke/benchmarks.md
-	python -m tools.docs docs/paper-smoke.md results/paper-smoke/benchmarks.md
+	python -m tools.docs docs/costs/paper-smoke.md results/paper-smoke/benchmarks.md
 
 # The headline study (config/paper-headline.yaml): every run and its evaluation through the
 # DAG (target `runs`: no analysis, notebook or LaTeX), several jobs at once on each GPU with
@@ -115,12 +115,12 @@ paper-headline-smoke: install
 plan: install
 	python -m seqmix plan --config config/paper.yaml --no-local-checks --out results/paper/plan.csv \
 		--markdown results/paper/plan.md
-	python -m tools.docs docs/plan.md results/paper/plan.md
+	python -m tools.docs docs/costs/plan.md results/paper/plan.md
 
-# docs/blocks.md: each mixer's residual block and why, from the catalogue.
+# docs/reference/blocks.md: each mixer's residual block and why, from the catalogue.
 docs-blocks: install
 	python -m seqmix mixers --blocks --markdown results/blocks.md
-	python -m tools.docs docs/blocks.md results/blocks.md
+	python -m tools.docs docs/reference/blocks.md results/blocks.md
 
 # No `install` here: a GPU machine may have torch and Triton but no package registry; the
 # script installs .gpu-wheels/ (make gpu-wheels, where PyPI is reachable) when it must.

@@ -1,5 +1,5 @@
 # seqmix: data -> train (task x arch x seed) -> eval -> analyses -> notebooks -> report.pdf
-# Thin on purpose: one library call, seqmix.study.dag.load, gives the study's job table before
+# Thin on purpose: one library call, seqmix.study.dag.read_jobs, gives the study's job table before
 # any job runs, and every rule calls the library through `python -m seqmix ...` with the spec
 # of what that job reads (workflow/rules/*.smk). The table is made by a subprocess, cached:
 # validating a profile imports each mixer's and task's module (torch), parsing must not.
@@ -22,7 +22,7 @@ report: "workflow/report/workflow.rst"
 # no `configfile:` directive, which Snakemake would merge under every --configfile: without
 # one the quick profile (config/config.yaml) is read, with any --config KEY=VALUE on top.
 try:
-    JOBS = dag.load(config, workflow.overwrite_configfiles)
+    JOBS = dag.read_jobs(config, workflow.overwrite_configfiles)
 except dag.StudyError as _e:
     sys.exit(str(_e))
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make gpu-data`: what the headline study reads, for a GPU machine that has no data mirror and
-# no registry. Into .gpu-data/ (git-ignored), WikiText-2 raw from the data mirror in its
+# no package registry. Into .gpu-data/ (git-ignored), WikiText-2 raw from the data mirror in its
 # layout (wikitext-2-raw/ and those files' SHA256SUMS lines), 13 MB; into
 # data/paper-headline/ (the study's data.dir), the WordPiece tokenizer trained on it and the
 # tokenised splits, 12 MB, made from that copy by the study's own data commands, so the DAG

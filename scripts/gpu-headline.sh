@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The headline study on one GPU in one call, from a bare machine with the image's Python,
-# torch and Triton and no package registry (README, "GPU and kernels"; the exact device call
-# is in docs/gpu-headline.md). It needs, beside the checkout: .gpu-wheels/ (make gpu-wheels),
+# torch and Triton and no package registry (docs/runbook/running.md; the exact device call
+# is in docs/runbook/gpu-headline.md). It needs, beside the checkout: .gpu-wheels/ (make gpu-wheels),
 # .gpu-data/ and data/paper-headline/ (make gpu-data).
 #   1. the wheels into $PYTHON's environment, where they are not importable yet; seqmix is
 #      this checkout's src/ (PYTHONPATH), as every job of the DAG runs it;
@@ -16,12 +16,12 @@
 #      files, logs and benchmarks, the recorded study; paths relative to the checkout) and
 #      this script's log, gpu-headline.log.
 # Every step is stamped with its second in the log. The CPU rehearsals (this script, no GPU)
-# are in docs/gpu-headline.md and tests/tools/test_gpu_headline_script.py.
+# are in docs/runbook/gpu-headline.md and tests/tools/test_gpu_headline_script.py.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 t0=$(date +%s)
 LIMIT_S=${LIMIT_S:-570}          # the device call's timeout_s: nothing of this script may outlive it
-MARGIN_S=${MARGIN_S:-60}         # before LIMIT_S: the record and packing up (measured: docs/gpu-headline.md)
+MARGIN_S=${MARGIN_S:-60}         # before LIMIT_S: the record and packing up (measured: docs/runbook/gpu-headline.md)
 MEASURE_S=${MEASURE_S:-90}       # the measurement's own limit
 HEADLINE=${HEADLINE:-config/paper-headline.yaml}
 PYTHON=${PYTHON:-python3}

@@ -8,7 +8,8 @@
 # One version of each, for CPython $PY_VERSION on x86-64 Linux; a dependency published only
 # as source (connection_pool) is built here into a pure-Python wheel. Prints the set and its
 # size. Run it where pip reaches PyPI: `make gpu-wheels`. PY_VERSION=3.11 DEST=... gathers
-# the same set for this machine's Python (the no-registry stand-in, README "GPU").
+# the same set for this machine's Python (the stand-in for a machine without a package
+# registry: docs/runbook/running.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${DEST:-.gpu-wheels}

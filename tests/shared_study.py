@@ -5,7 +5,7 @@ Its config holds what each of them asserts on (tests/workflow/test_dag.py, test_
 test_studies.py, tests/faults/test_files.py):
 
 - three tasks and two architectures, as a study of the README (MQAR, WikiText-2, SNLI);
-- a 13th mixer added as docs/extending.md's "Adding a mixer" says (a module in a package of its own
+- a 13th mixer added as docs/reference/extending.md's "Adding a mixer" says (a module in a package of its own
   and the catalogue entry, nothing else edited), trained on MQAR and on a task variant with a
   sweep (config only);
 - results and data folders whose names hold spaces, quotes and shell metacharacters, and a
@@ -39,9 +39,9 @@ import yaml
 from .conftest import tiny_config
 from .helpers import REPO, copy_workflow, planned_jobs, snakemake
 
-# --- the 13th mixer, as docs/extending.md's "Adding a mixer" prints it (the README points there) --
+# --- the 13th mixer, as docs/reference/extending.md's "Adding a mixer" prints it (the README points there) --
 
-GUIDE_PAGE = (REPO / "docs" / "extending.md").read_text()
+GUIDE_PAGE = (REPO / "docs" / "reference" / "extending.md").read_text()
 GUIDE = GUIDE_PAGE[GUIDE_PAGE.index("## Adding a mixer"):GUIDE_PAGE.index("## Adding a task")]
 ENTRY = re.search(r"```python\n\s*(MixerEntry\(.*?\),)\n\s*```", GUIDE, re.S).group(1)  # step 2's entry
 TEST_COMMAND = re.search(r"`(python -m pytest tests/mixers/test_mixers\.py -k \w+)`", GUIDE).group(1)  # step 4's

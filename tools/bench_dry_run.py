@@ -9,7 +9,7 @@ each Snakefile imports the seqmix of its own checkout.
 
     git worktree add /tmp/before <commit>
     python -m tools.bench_dry_run /tmp/before . [--rounds 5] [--configfile config/paper.yaml] \
-        [--markdown docs/dry-run.md]
+        [--markdown docs/costs/dry-run.md]
 
 ``--markdown`` puts the table, headed by both commits and the machine, into that page's
 generated block (tools.docs).

@@ -15,7 +15,7 @@ one packed, so that the machine's load falls on all of them alike. Step times ar
 over the rounds; the ratio is the median of each round's packed step over its step alone,
 taken back to back.
 
-    python tools/bench_seed_packs.py --data data [--markdown docs/seed-packs.md]
+    python tools/bench_seed_packs.py --data data [--markdown docs/investigations/seed-packs.md]
 
 The vectorised loss scores every position and drops the unscored ones through
 cross_entropy's ignore_index (the model's own loss selects the query positions with a

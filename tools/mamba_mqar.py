@@ -1,5 +1,5 @@
 """Why Mamba does not learn the default MQAR cell: an independent minimal Mamba beside
-seqmix's, trained on the same cell, batches and steps (docs/mamba-mqar.md has the results).
+seqmix's, trained on the same cell, batches and steps (docs/investigations/mamba-mqar.md has the results).
 
 The independent model is written from the paper alone (Gu & Dao 2023, arXiv:2312.00752):
 the selective SSM of §3.2 and Algorithm 2 (B, C and Δ functions of the input, Δ through a

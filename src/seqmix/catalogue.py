@@ -28,7 +28,7 @@ class MixerEntry:
     # The block it trains in by default (``model.block: native``), its paper's own: one of
     # BLOCKS, built by seqmix/models/blocks.py. A config can force one block for all.
     block: str = "post"
-    block_reason: str = ""  # why that block, with its source (the README's table of blocks)
+    block_reason: str = ""  # why that block, with its source (docs/reference/blocks.md's table)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +148,8 @@ def title(name: str) -> str:
     return name
 
 
-def load(path: str):
-    """The object named by "module:attribute"."""
+def imported(path: str):
+    """The object named by "module:attribute", imported."""
     import importlib
 
     module_name, _, attribute = path.partition(":")

@@ -5,7 +5,7 @@ MQAR cell at width 64 with a feed-forward, so that a step makes every library ca
 training makes: oneMKL's matrix products and FFTs, oneDNN's conv1d and GELU, ATen's kernels,
 dropout; a mixer without a causal form on a small SNLI classifier), on one thread, one fixed
 batch, then the SHA-256 of each model's weights and one of them all. Two hosts whose
-fingerprints agree train every mixer to the same bits; docs/hosts.md keeps the hosts
+fingerprints agree train every mixer to the same bits; docs/reference/hosts.md keeps the hosts
 measured, tests/core/test_numerics.py checks this host against them. Seconds, not minutes: no
 data is read.
 """
@@ -22,7 +22,7 @@ import torch
 from seqmix import REPO_ROOT, catalogue, numerics
 from seqmix.study.jobs import TrainJob
 
-# The prose of docs/hosts.md around its generated tables: what a fingerprint shows and what not.
+# The prose of docs/reference/hosts.md around its generated tables: what a fingerprint shows and what not.
 HOSTS_NOTES = """\
 `numerics: portable` (the default) pins ATen to its AVX2 kernels, oneDNN to AVX2 and oneMKL to
 its AVX2 conditional-numerical-reproducibility branch in STRICT mode, capped at AVX2, on one
@@ -35,22 +35,19 @@ mixers; tests/core/test_numerics.py checks this host against the entries and eve
 one torch version against each other. `native` fingerprints are listed for comparison: they
 differ between hosts of other instruction sets or vendors.
 
-What is known per library (the evidence: docs/numerics-probe.md, tests/core/test_numerics.py):
+What is known per library (the evidence: docs/investigations/numerics-probe.md, tests/core/test_numerics.py):
 
-- oneMKL picks its kernels by the CPU's vendor as well as its instruction sets: natively on an
-  AMD EPYC (Zen 5) `perf report` names `mkl_blas_def_sgemm_kernel_0_zen`, a Zen kernel of its
-  generic branch, where an Intel CPU runs `mkl_blas_avx512_*`. Its AVX2 branch exists on Intel
-  CPUs only: on AMD it reports AUTO and runs the Zen kernels. With the shim it reports
+- oneMKL (why it needs the shim: its vendor check, explained once in seqmix/mkl_shim.c's
+  header): natively on an AMD EPYC (Zen 5) `perf report` names `mkl_blas_def_sgemm_kernel_0_zen`,
+  a Zen kernel of its generic branch, where an Intel CPU runs `mkl_blas_avx512_*`; asked for its
+  AVX2 branch without the shim it reports AUTO and runs the Zen kernels. With the shim it reports
   `AVX2,STRICT` on AMD and runs `mkl_blas_avx2_sgemm_kernel_0_cnr`, `mkl_dft_avx2_*` and
   `mkl_vml_kernel_s*_L9HAynn`, Intel's AVX2 kernels; the weights are the same whether the shim is
   loaded in the process (as seqmix does) or by `LD_PRELOAD`, and differ without it.
-- Intel's kernels run on another vendor's CPU: additions, multiplications, FMAs, divisions and
-  square roots round alike on every x86-64 CPU, the approximate `rcpps`/`rsqrtps` do not. In the
-  wheel's oneMKL (`objdump -d` of libtorch_cpu.so), no matrix-product or FFT kernel uses them,
-  nor the vector exp, log and tanh ATen calls; the single square root does (`vmsSqrt`, AVX2: one
-  Newton step from `vrsqrtps`), and rounds some inputs below 2^-102 otherwise than IEEE's
-  square root, which ones depending on the approximation: the shim replaces it with the correctly
-  rounded one. Not yet seen on an Intel host.
+- In the wheel's oneMKL (`objdump -d` of libtorch_cpu.so) no matrix-product or FFT kernel uses an
+  approximate instruction (`rcpps`, `rsqrtps`), nor the vector exp, log and tanh ATen calls; the
+  single square root does (`vmsSqrt`, AVX2: one Newton step from `vrsqrtps`), which the shim
+  replaces. Not yet seen on an Intel host.
 - A cap of oneMKL's instructions set from outside overrides its reproducibility branch: with
   `MKL_ENABLE_INSTRUCTIONS=AVX512` oneMKL still reports AVX2 but gives the bits of its AVX-512
   branch, so portable sets `MKL_ENABLE_INSTRUCTIONS=AVX2` itself (which changes nothing under the
@@ -59,7 +56,7 @@ What is known per library (the evidence: docs/numerics-probe.md, tests/core/test
 - STRICT changes every mixer's bits against the same branch without it, and keeps a matrix
   product's bits when the thread count changes, which the branch alone does not (a 64 x 6,144 x
   64 product differs between 1 and 2 threads without STRICT); it costs little
-  (docs/numerics-cost.md).
+  (docs/costs/numerics-cost.md).
 - ATen at a fixed capability and oneDNN capped at AVX2 choose their kernels from the CPU's flags,
   not its vendor (oneDNN's AMD-only paths need AVX-512); the JIT kernels oneDNN generated for the
   fingerprint use no approximate instruction (`ONEDNN_JIT_DUMP`). Capping ATen, oneDNN, oneMKL
@@ -69,7 +66,7 @@ What is known per library (the evidence: docs/numerics-probe.md, tests/core/test
   bits are the compiler's and glibc's, the same on hosts with the same ones, whatever their
   vendor. -ffast-math is the risk there: it leaves the order of the scan's sums and its
   contractions to the compiler, and built at -O2 instead of -O3 its backward already gives other
-  bits (docs/numerics-probe.md); without it the loops do not vectorise (no vector exp) and run
+  bits (docs/investigations/numerics-probe.md); without it the loops do not vectorise (no vector exp) and run
   several times slower. A host with another compiler version or glibc can differ in Mamba alone.
   The extension is linked without -ffast-math, so it does not turn on flush-to-zero for the
   process.
@@ -77,7 +74,7 @@ What is known per library (the evidence: docs/numerics-probe.md, tests/core/test
   portable fingerprint of the AMD EPYC with AVX-512 in every mixer; natively each gives other bits
   (the entries below). Not yet recorded: a host with another compiler or glibc, or another torch
   version. Add one: `python -m seqmix fingerprint --numerics portable --out FILE` on it, then
-  `python -m seqmix fingerprint --record docs/hosts.md --from FILE` here.
+  `python -m seqmix fingerprint --record docs/reference/hosts.md --from FILE` here.
 """
 CONFIG = REPO_ROOT / "config" / "fingerprint.yaml"  # the models, their shapes and steps
 ALL = "all"  # the line that hashes every mixer's
@@ -164,7 +161,7 @@ def lines(digests: dict[str, str], width: int = 16) -> list[str]:
 
 
 def host_record(mode: str) -> dict[str, str]:
-    """The host a fingerprint was made on, as docs/hosts.md lists it."""
+    """The host a fingerprint was made on, as docs/reference/hosts.md lists it."""
     flags = numerics.cpu_flags()
     return {"cpu": numerics.cpu_model(), "vendor": numerics.cpu_vendor(), "vector_isa": numerics.vector_isa(flags),
             "flags": " ".join(f for f in flags if f.startswith(("avx", "fma", "sse", "amx"))), "mode": mode}
@@ -173,7 +170,7 @@ def host_record(mode: str) -> dict[str, str]:
 def toolchain(cxx: str = "c++") -> dict[str, str | None]:
     """The C++ compiler ``cxx`` that builds Mamba's fused CPU scan on this host (torch's
     extension builder's: $CXX, else c++, as seqmix.cli.environment.compiler reads it) and the
-    glibc whose vector exp it calls: that mixer's bits are theirs (docs/hosts.md). None where
+    glibc whose vector exp it calls: that mixer's bits are theirs (docs/reference/hosts.md). None where
     there is none."""
     import subprocess
 
@@ -227,7 +224,7 @@ def commit_of(sources: dict[str, str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# docs/hosts.md: every host a fingerprint was recorded on, generated from the JSON it keeps.
+# docs/reference/hosts.md: every host a fingerprint was recorded on, generated from the JSON it keeps.
 # ------------------------------------------------------------------------------------------
 
 HOSTS_BEGIN, HOSTS_END = "<!-- hosts:", "-->"
@@ -320,12 +317,12 @@ def refusal(path, entries: list[dict], entry: dict) -> str | None:
 
 
 def hosts_markdown(entries: list[dict], notes: str) -> str:
-    """docs/hosts.md: the hosts and their fingerprints as tables, the entries as JSON."""
+    """docs/reference/hosts.md: the hosts and their fingerprints as tables, the entries as JSON."""
     import json
 
     out = ["# Hosts and their fingerprints", "",
-           "Generated by `python -m seqmix fingerprint --record docs/hosts.md` (this host) and "
-           "`python -m seqmix fingerprint --record docs/hosts.md --from FILE` (the `--out FILE` of another host): "
+           "Generated by `python -m seqmix fingerprint --record docs/reference/hosts.md` (this host) and "
+           "`python -m seqmix fingerprint --record docs/reference/hosts.md --from FILE` (the `--out FILE` of another host): "
            "a portable fingerprint is added only where it agrees with every recorded one of the same torch "
            "version, and a host recorded again replaces its own entry. Do not edit by hand.", "",
            notes.strip(), "", "## Hosts", "",

@@ -20,7 +20,7 @@
    oneMKL's vector math (vmsSqrt), whose AVX2 kernel refines the CPU's approximate vrsqrtps.
    That instruction's results differ between vendors, and the refined square root is not
    correctly rounded for some inputs below 2^-102, which ones depending on the approximation
-   (docs/numerics-probe.md). AdamW takes the square root of every parameter's second moment at
+   (docs/investigations/numerics-probe.md). AdamW takes the square root of every parameter's second moment at
    every step: one that small would round otherwise on another vendor's CPU. Here vmsSqrt is
    the correctly rounded one, which every x86-64 CPU computes alike.
 

@@ -31,12 +31,12 @@ PREFIX = "libseqmix_mkl_shim"  # the library's file name, before its key
 DIGEST = ".sha256"  # beside the library, the digest of the library as it was built
 CACHE_ENV = "XDG_CACHE_HOME"  # the shim lives in $XDG_CACHE_HOME/seqmix (default ~/.cache/seqmix)
 # The cache's parent as the entry points read it from CACHE_ENV (seqmix.cli, seqmix.study.dag).
-SETTINGS: dict = {"cache_home": None}
+CONFIGURED: dict = {"cache_home": None}
 
 
 def configure(cache_home: str | None) -> None:
     """Where the shim is cached: ``cache_home``/seqmix (None or '': ~/.cache/seqmix)."""
-    SETTINGS["cache_home"] = cache_home or None
+    CONFIGURED["cache_home"] = cache_home or None
 
 
 def compiler() -> str | None:
@@ -45,7 +45,7 @@ def compiler() -> str | None:
 
 
 def cache_dir() -> Path:
-    return Path(SETTINGS["cache_home"] or Path.home() / ".cache") / "seqmix"
+    return Path(CONFIGURED["cache_home"] or Path.home() / ".cache") / "seqmix"
 
 
 def flags(vendor_check_only: bool = False) -> tuple[str, ...]:

@@ -1,32 +1,29 @@
 """Which code path each CPU library takes, so that a study gives the same bits on every x86-64
-host (the study's ``numerics:``; README, "Numerics").
+host (the study's ``numerics:``; docs/reference/numerics.md).
 
 Three libraries under PyTorch pick their code from the CPU they run on, and each path rounds
 differently: ATen's vectorised kernels (AVX-512 or AVX2, from the CPU's flags), oneDNN's JIT
 kernels (Mamba's conv1d, the feed-forward's GELU; from the flags) and oneMKL's matrix
-products, FFTs and vector math (from the flags *and the vendor*: on AMD a Zen kernel of its
-generic branch, on Intel an AVX-512 one). ``portable`` pins each to one path every x86-64 host
-with AVX2 and FMA has, and fixes the thread count:
+products, FFTs and vector math (from the flags and the vendor). ``portable`` pins each to
+one path every x86-64 host with AVX2 and FMA has, and fixes the thread count:
 
 - ``ATEN_CPU_CAPABILITY=avx2``: ATen's AVX2 kernels (no approximate rcp/rsqrt instructions);
 - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's AVX2 kernels (its AMD-only paths need AVX-512);
 - ``MKL_CBWR=AVX2,STRICT``: oneMKL's AVX2 conditional-numerical-reproducibility branch, the
   same kernels on every CPU with AVX2 and FMA; STRICT keeps its matrix products' bits when the
-  thread count or the arrays' alignment changes (a job may set ``train.threads``). oneMKL
-  offers this branch on Intel CPUs only, and its single square root rounds otherwise on each
-  vendor: the CLI loads oneMKL's shim before torch on every host (seqmix.mkl_shim, built with
-  the machine's C compiler once; what it answers and why: seqmix/mkl_shim.c). oneMKL's
-  vendor-independent COMPATIBLE branch
-  (SSE2) needs neither but costs about 1.5x native on an AVX-512 host (docs/numerics-cost.md);
+  thread count or the arrays' alignment changes (a job may set ``train.threads``). The CLI
+  loads oneMKL's shim before torch on every host (seqmix.mkl_shim); why oneMKL needs it: the
+  vendor check, in seqmix/mkl_shim.c's header. oneMKL's COMPATIBLE branch (SSE2) needs no
+  shim but costs about 1.5x native on an AVX-512 host (docs/costs/numerics-cost.md);
 - ``MKL_ENABLE_INSTRUCTIONS=AVX2``: oneMKL capped at AVX2 as well, which changes nothing under
   that branch, but a cap of AVX512 set from outside overrides the branch (oneMKL then runs its
-  AVX-512 kernels while still reporting AVX2; docs/numerics-probe.md);
+  AVX-512 kernels while still reporting AVX2; docs/investigations/numerics-probe.md);
 - one OpenMP and one oneMKL thread (a job that sets its own count, ``train.threads``, keeps it).
 
 ``portable`` is the default: on an AVX-512 host it costs about what native costs, where the
-target is 1.10x (docs/numerics-cost.md: 0.94x on an AMD EPYC, Zen 5; Intel hosts are not
+target is 1.10x (docs/costs/numerics-cost.md: 0.94x on an AMD EPYC, Zen 5; Intel hosts are not
 measured here). ``native`` leaves every library to the host: results that depend on the CPU.
-Which library moves the bits: docs/numerics-probe.md; the hosts measured: docs/hosts.md.
+Which library moves the bits: docs/investigations/numerics-probe.md; the hosts measured: docs/reference/hosts.md.
 
 Standard library only, and nothing here touches the environment: the CLI decides the mode
 from the job's spec, its run or its profile (seqmix.study.profile.Profile.numerics) before

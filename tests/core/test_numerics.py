@@ -1,8 +1,8 @@
-"""The study's numerics (seqmix/numerics.py, README "Numerics"): read before torch, applied to
+"""The study's numerics (seqmix/numerics.py, docs/reference/numerics.md): read before torch, applied to
 every job, oneMKL's shim (seqmix/mkl_shim.c) built, checked and loaded, refused on a host below the minimum, recorded and reported; and the fingerprint that
 proves the pinning: unchanged on this host made to look AVX2-only (while native changes),
 changed without the shim (and the same with the shim preloaded instead), and equal to the one
-docs/hosts.md keeps."""
+docs/reference/hosts.md keeps."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from seqmix.study import dag
 from tests.conftest import skip_or_fail, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
-HOSTS = REPO / "docs" / "hosts.md"
+HOSTS = REPO / "docs" / "reference" / "hosts.md"
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -72,7 +72,7 @@ def test_a_host_below_the_minimum_is_refused_with_the_fix(monkeypatch):
 @pytest.fixture
 def no_compiler(tmp_path, monkeypatch):
     """A machine without a C compiler, whose shim cache is empty."""
-    monkeypatch.setitem(mkl_shim.SETTINGS, "cache_home", str(tmp_path / "cache"))
+    monkeypatch.setitem(mkl_shim.CONFIGURED, "cache_home", str(tmp_path / "cache"))
     monkeypatch.setenv(mkl_shim.CACHE_ENV, str(tmp_path / "cache"))  # as the CLI reads it
     monkeypatch.setattr(mkl_shim, "compiler", lambda: None)
 
@@ -388,7 +388,7 @@ def test_the_report_says_the_mode_and_flags_mixed_modes_and_hosts():
 
 
 # ------------------------------------------------------------------------------------------
-# The fingerprint: this host made to look like others, and the hosts docs/hosts.md keeps.
+# The fingerprint: this host made to look like others, and the hosts docs/reference/hosts.md keeps.
 # ------------------------------------------------------------------------------------------
 
 # A host without AVX-512, as far as each library can be told from outside: ATen's capability,
@@ -508,7 +508,7 @@ def test_no_notebook_imports_torch():
 
 def test_portable_fingerprint_is_the_one_docs_hosts_keeps(here):
     entries = [e for e in fingerprint.read_hosts(HOSTS) if e["mode"] == "portable" and e["pinned"]]
-    assert entries, f"{HOSTS} keeps no portable fingerprint: record one (python -m seqmix fingerprint --numerics portable --record docs/hosts.md)"
+    assert entries, f"{HOSTS} keeps no portable fingerprint: record one (python -m seqmix fingerprint --numerics portable --record docs/reference/hosts.md)"
     mine = {k: v[:16] for k, v in here["portable"]["digests"].items()}
     recorded = entries[0]  # every portable entry holds the same digests (the next test)
     differ = [name for name in mine if mine[name] != recorded["digests"].get(name)]
@@ -519,7 +519,7 @@ def test_portable_fingerprint_is_the_one_docs_hosts_keeps(here):
     stale = changed(recorded["sources"])
     assert not stale, (f"the portable fingerprint differs from {HOSTS}'s ({', '.join(differ)}), and the code it depends "
                        f"on changed since it was recorded ({', '.join(stale[:8])}): record it again on a listed host "
-                       "(python -m seqmix fingerprint --numerics portable --record docs/hosts.md)")
+                       "(python -m seqmix fingerprint --numerics portable --record docs/reference/hosts.md)")
     host = f"{numerics.cpu_model()} ({numerics.cpu_vendor()}, {numerics.vector_isa(numerics.cpu_flags())})"
     pytest.fail(f"this host, {host}, trains {', '.join(differ)} to other bits than {recorded['cpu']} "
                 f"({recorded['vendor']}) with the same code under portable numerics: a library these mixers call is "
@@ -541,7 +541,7 @@ def test_every_recorded_portable_host_agrees():
 
 
 def hosts_copy(tmp_path: Path) -> tuple[Path, dict]:
-    """A copy of docs/hosts.md and its first portable entry."""
+    """A copy of docs/reference/hosts.md and its first portable entry."""
     copy = tmp_path / "hosts.md"
     copy.write_text(HOSTS.read_text())
     return copy, next(e for e in fingerprint.read_hosts(copy) if e["mode"] == "portable" and e["pinned"])

@@ -11,7 +11,7 @@ import pytest
 
 from seqmix.data.manifest import DataError, read_manifest
 from seqmix.data.mqar import multiquery_ar
-from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
+from seqmix.data.raw import RAW_FILES, mirror_file, resolve_source
 from seqmix.expansion.table import expand
 from seqmix.expansion.validate import validate_study
 from seqmix.io import sha256_file

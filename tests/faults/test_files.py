@@ -16,7 +16,7 @@ import pytest
 
 from seqmix.cli import main as cli
 from seqmix.data.manifest import DataError, read_manifest, write_manifest
-from seqmix.data.sources import RAW_FILES, mirror_file, resolve_source
+from seqmix.data.raw import RAW_FILES, mirror_file, resolve_source
 from seqmix.expansion.table import expand
 from seqmix.expansion.validate import ConfigError, validate_study
 from seqmix.io import FileError

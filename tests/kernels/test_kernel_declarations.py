@@ -28,7 +28,7 @@ def test_each_kernel_is_beside_its_reference_and_a_test_compares_them(name):
     assert kernel.module == f"seqmix.kernels.{name}", kernel  # its module is kernels/<name>.py
     assert kernel.reference.__module__.startswith("seqmix.mixers."), kernel
     assert kernel.declared_by.startswith("seqmix.mixers."), kernel
-    assert callable(kernel.load()) and callable(kernel.reference)
+    assert callable(kernel.importer()) and callable(kernel.reference)
     test = (REPO / kernel.test).read_text()
     for function in (kernel.fast.partition(":")[2], kernel.reference.__name__):
         assert re.search(rf"\b{function}\b", test), f"{kernel.test} never names {function} ({name})"

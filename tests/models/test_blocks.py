@@ -352,19 +352,19 @@ def test_dropout_acts_only_in_training(block):
 
 
 def test_the_docs_table_of_blocks_is_the_catalogues():
-    """docs/blocks.md's table (written by `make docs-blocks`) says of each mixer it lists what
+    """docs/reference/blocks.md's table (written by `make docs-blocks`) says of each mixer it lists what
     the catalogue says: a changed block or reason shows here. A mixer catalogued since the
     table was written is only not listed yet, as in the plan table, not a failure."""
     from seqmix.report.mixer_table import blocks_markdown
     from tests.conftest import REPO
     from tools.docs import generated
 
-    table = generated((REPO / "docs" / "blocks.md").read_text()).strip().splitlines()
+    table = generated((REPO / "docs" / "reference" / "blocks.md").read_text()).strip().splitlines()
     rows = blocks_markdown().strip().splitlines()
     assert table[:2] == rows[:2], "the table's header"
-    assert table[2:], "docs/blocks.md lists no mixer"
+    assert table[2:], "docs/reference/blocks.md lists no mixer"
     assert [row for row in rows if row in table[2:]] == table[2:], (
-        "docs/blocks.md's rows differ from the catalogue's: make docs-blocks")
+        "docs/reference/blocks.md's rows differ from the catalogue's: make docs-blocks")
 
 
 def test_positions_none_leaves_the_embedding_out_and_unknown_schemes_are_refused():

@@ -151,10 +151,10 @@ def test_the_python_version_stated_is_the_one_the_pins_need(path):
 # arXiv id or venue, section); what the project derived from them is in its own docs.
 OUTSIDE = re.compile(r"\bREFERENCE\b|\bDESIGN\.md\b|\bSTYLE\.md\b|/work/|/root/")
 # The data mirror's default location beside a checkout: only where the mirror is set up or
-# explained (README instructions, Makefile and CI defaults, the config's comment, and the
-# test fixture that follows the Makefile).
+# explained (docs/reference/data-mirror.md, Makefile and CI defaults, the config's comment, and
+# the test fixture that follows the Makefile).
 MIRROR_DEFAULT = "../shared"
-MIRROR_DEFAULT_FILES = {"Makefile", ".ci/run", "README.md", "config/config.yaml", "tests/conftest.py"}
+MIRROR_DEFAULT_FILES = {"Makefile", ".ci/run", "docs/reference/data-mirror.md", "config/config.yaml", "tests/conftest.py"}
 
 
 def tracked_files() -> list[str]:

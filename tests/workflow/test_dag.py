@@ -414,17 +414,17 @@ def test_the_job_table_is_made_once_and_again_when_a_file_it_read_changes(tmp_pa
     monkeypatch.setattr(dag, "_resolve", lambda command: made.append(command) or resolve(command))
     config, cache = tmp_path / "c.yaml", tmp_path / "cache"
     config.write_text(yaml.safe_dump(tiny_config(tmp_path, None)))
-    first = dag.load({}, [config], cache)
-    assert dag.load({}, [config], cache).table == first.table and len(made) == 1  # read from the cache
+    first = dag.read_jobs({}, [config], cache)
+    assert dag.read_jobs({}, [config], cache).table == first.table and len(made) == 1  # read from the cache
     read = json.loads(next(cache.glob("jobs-*.json")).read_text())["read"]
     assert {str(config), str(REPO / "src" / "seqmix" / "study" / "profile.py"),
             str(REPO / "src" / "seqmix" / "expansion" / "validate.py"),
             str(REPO / "src" / "seqmix" / "mixers" / "grassmann.py")} <= set(read)
     config.write_text(yaml.safe_dump(tiny_config(tmp_path, None, seeds=(0, 1))))
-    again = dag.load({}, [config], cache)
+    again = dag.read_jobs({}, [config], cache)
     assert len(made) == 2 and len(again.table["runs"]) == 2 * len(first.table["runs"])
     # Snakemake's --config on top of the file is another table, made once too.
-    assert dag.load({"seeds": [3]}, [config], cache).table["study"]["seeds"] == [3] and len(made) == 3
+    assert dag.read_jobs({"seeds": [3]}, [config], cache).table["study"]["seeds"] == [3] and len(made) == 3
 
 
 def test_a_profile_that_extends_another_is_read_with_it(tmp_path, monkeypatch):

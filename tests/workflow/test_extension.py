@@ -1,4 +1,4 @@
-"""Extending seqmix the way docs/extending.md says: a 13th mixer is a module in any package
+"""Extending seqmix the way docs/reference/extending.md says: a 13th mixer is a module in any package
 plus the guide's catalogue entry, its options in a config and the guide's test command (its
 "Adding a mixer", step by step, nothing else edited); a new task variant (a second MQAR
 cell, and a sweep over it) is config only. The shared tiny study (tests/shared_study.py) took those

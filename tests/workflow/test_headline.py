@@ -242,7 +242,7 @@ def test_a_copy_without_git_records_the_commit_it_was_sent_from(tmp_path, monkey
     from seqmix.train import provenance
 
     monkeypatch.setattr(provenance, "REPO_ROOT", tmp_path)
-    monkeypatch.setattr(provenance, "SETTINGS", dict(provenance.SETTINGS))
+    monkeypatch.setattr(provenance, "CONFIGURED", dict(provenance.CONFIGURED))
     assert provenance.git_commit() == {"commit": None, "dirty": None}
     provenance.configure(commit="0123abc")
     assert provenance.git_commit() == {"commit": "0123abc", "dirty": None}

@@ -1,6 +1,6 @@
 """The SLURM profile on a real SLURM cluster: tests/cluster/slurm-up.sh brings up slurmctld,
 slurmd, slurmdbd (MariaDB) and munge on localhost, and the test runs
-`snakemake --profile workflow/executors/slurm` as the README's cluster section says, on what
+`snakemake --profile workflow/executors/slurm` as docs/runbook/running.md's cluster section says, on what
 proves the cluster path and no more: one run's data, training and evaluation, and one
 analysis.
 

@@ -80,7 +80,7 @@ def _build(point: str, arch: str):
 def _kernel_list() -> dict:
     """This version's fast paths by name: those its mixer modules declare
     (seqmix.mixers.declared_kernels), or, in versions before, the dict KERNELS of
-    seqmix.kernels.registry or of seqmix.kernels itself."""
+    the module seqmix.kernels.registry (gone since 764041d) or of seqmix.kernels itself."""
     from seqmix import mixers
 
     if hasattr(mixers, "declared_kernels"):

@@ -1,6 +1,6 @@
 """Kernel launches of one headline training step, counted on a CPU, and the headline call's
 wall time they predict on an H100 and an H200 (``python -m tools.bench.time_model``): the time
-model of docs/gpu-headline.md, which decides before anything runs on a GPU.
+model of docs/runbook/gpu-headline.md, which decides before anything runs on a GPU.
 
 Counts (``count``), per architecture of config/paper-headline.yaml at its solved size, one
 step at batch 2 (a launch count does not depend on the batch), the third step counted (the
@@ -30,7 +30,7 @@ side (``--ratio-rounds``: vmap's batching rules cost host time per op); a step's
 is its kernels at ``--kernel-us`` each plus its FLOPs at ``--efficiency`` of the GPU's
 peak; a step takes the larger. Processes sharing the GPU add their device times. The call:
 install, measurement, the DAG's fixed costs and the record (``--fixed-s``, from the last CPU
-rehearsal, docs/gpu-headline.md) plus the runs: their steps, their periodic evaluations, one
+rehearsal, docs/runbook/gpu-headline.md) plus the runs: their steps, their periodic evaluations, one
 member after another in a pack.
 """
 

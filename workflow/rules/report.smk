@@ -32,7 +32,7 @@ for _name, _nb in NOTEBOOKS.items():
             "{params.papermill} > {log:q} 2>&1"
 
 
-REPORT_SOURCES = [str(p) for p in sorted((REPO / "paper").glob("*.tex"))] + [
+REPORT_TEX = [str(p) for p in sorted((REPO / "paper").glob("*.tex"))] + [
     str(p) for p in sorted((REPO / "paper" / "sections").glob("*.tex"))
 ]
 
@@ -40,12 +40,12 @@ REPORT_SOURCES = [str(p) for p in sorted((REPO / "paper").glob("*.tex"))] + [
 rule report:
     input:
         main=str(REPO / "paper" / "report.tex"),
-        sources=REPORT_SOURCES,
+        tex=REPORT_TEX,
         generated=[f for nb in NOTEBOOKS.values() for f in nb.outputs],
     output:
         report(f"{REPORT}/report.pdf", caption=str(REPO / "workflow" / "report" / "report.rst"), category="report"),
     params:
-        # The sources' folder; with // TeX searches its subfolders (sections/) too.
+        # The LaTeX files' folder; with // TeX searches its subfolders (sections/) too.
         texinputs=lambda w, input: str(Path(input.main).parent) + "//",
         folder=lambda w, output: str(Path(output[0]).parent),
     log:
@@ -60,7 +60,7 @@ rule report:
         "../../envs/seqmix.yaml"
     shell:
         # Built in the study's report folder, where the notebooks wrote figures/ and tables/;
-        # TEXINPUTS lets it find the sources in the repository's paper/.
+        # TEXINPUTS lets it find the LaTeX files in the repository's paper/.
         "LOG=$(realpath -m {log:q}); cd {params.folder:q} && TEXINPUTS=.:{params.texinputs:q}: "
         "latexmk -g -pdf -interaction=nonstopmode -halt-on-error -file-line-error -outdir=. "
         "{input.main:q} > \"$LOG\" 2>&1 "

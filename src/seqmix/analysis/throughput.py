@@ -64,19 +64,19 @@ def causal_architectures(archs: list[str]) -> list[str]:
     return [BASELINE] + [a for a in causal if a in chosen and a != BASELINE]
 
 
-def training_step(arch: str, seq_len: int, spec: ThroughputSettings, options: dict,
+def training_step(arch: str, seq_len: int, settings: ThroughputSettings, options: dict,
                   device: torch.device) -> tuple[Callable[[], None], int, int]:
     """A closure running one training step of ``arch``'s LM on a fixed random batch, the
     batch size and the parameter count. Seeded, so every run times the same model."""
     torch.manual_seed(0)
-    cfg = LMConfig(arch=arch, vocab_size=spec.vocab_size, max_len=seq_len, d_model=spec.d_model,
-                   n_layers=spec.n_layers, d_ff_mult=spec.d_ff_mult, dropout=spec.dropout,
-                   block=catalogue.mixer_entry(arch).block if spec.block == "native" else spec.block,
+    cfg = LMConfig(arch=arch, vocab_size=settings.vocab_size, max_len=seq_len, d_model=settings.d_model,
+                   n_layers=settings.n_layers, d_ff_mult=settings.d_ff_mult, dropout=settings.dropout,
+                   block=catalogue.mixer_entry(arch).block if settings.block == "native" else settings.block,
                    mixer_options=options)
     model = CausalLM(cfg).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = max(1, spec.tokens_per_batch // seq_len)
-    tokens = torch.randint(0, spec.vocab_size, (batch, seq_len + 1), device=device)
+    batch = max(1, settings.tokens_per_batch // seq_len)
+    tokens = torch.randint(0, settings.vocab_size, (batch, seq_len + 1), device=device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
     def step() -> None:
@@ -100,20 +100,20 @@ def _seconds(step: Callable[[], None], n: int, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def measure_rounds(archs: list[str], spec: ThroughputSettings, mixer_options: dict, device: torch.device,
+def measure_rounds(archs: list[str], settings: ThroughputSettings, mixer_options: dict, device: torch.device,
                    progress: bool = True) -> tuple[dict, dict, dict]:
-    """Seconds of ``spec.steps`` steps per (arch, L) in every round, interleaved: round r times
+    """Seconds of ``settings.steps`` steps per (arch, L) in every round, interleaved: round r times
     every (L, arch) once before round r + 1 starts. Returns ({(arch, L): [s, …]}, {(arch, L):
     (batch, params)}, {(arch, L): the dispatch record of its last untimed step})."""
     steps, shapes, paths = {}, {}, {}
-    for L in spec.lengths:
+    for L in settings.lengths:
         for arch in archs:
-            step, batch, params = training_step(arch, L, spec, mixer_options.get(arch, {}), device)
-            _seconds(step, spec.warmup, device)
+            step, batch, params = training_step(arch, L, settings, mixer_options.get(arch, {}), device)
+            _seconds(step, settings.warmup, device)
             steps[arch, L], shapes[arch, L] = step, (batch, params)
     seconds: dict = {key: [] for key in steps}
-    bar = tqdm(total=spec.repeats * len(steps), desc="throughput", disable=not progress)
-    for _ in range(spec.repeats):
+    bar = tqdm(total=settings.repeats * len(steps), desc="throughput", disable=not progress)
+    for _ in range(settings.repeats):
         for key, step in steps.items():
             # One untimed step first, so that the timed ones do not pay for what the models
             # timed before left behind (cold caches, memory to map again): with one timed
@@ -121,36 +121,36 @@ def measure_rounds(archs: list[str], spec: ThroughputSettings, mixer_options: di
             # at L = 1024 in two runs.
             with dispatch.using() as paths[key]:  # a fallback happens at a first call, never timed
                 step()
-            seconds[key].append(_seconds(step, spec.steps, device))
+            seconds[key].append(_seconds(step, settings.steps, device))
             bar.update()
     bar.close()
     return seconds, shapes, paths
 
 
-def throughput_rows(archs: list[str], spec: ThroughputSettings, mixer_options: dict,
+def throughput_rows(archs: list[str], settings: ThroughputSettings, mixer_options: dict,
                     progress: bool = True) -> list[dict]:
     """One row per (arch, L) as the module docstring describes."""
-    device = resolve_device(spec.device, "analysis.throughput.device")
+    device = resolve_device(settings.device, "analysis.throughput.device")
     previous_threads = torch.get_num_threads()
-    torch.set_num_threads(spec.threads)
+    torch.set_num_threads(settings.threads)
     try:
         archs = causal_architectures(archs)
-        seconds, shapes, paths = measure_rounds(archs, spec, mixer_options, device, progress)
+        seconds, shapes, paths = measure_rounds(archs, settings, mixer_options, device, progress)
         rec = device_record(device)
     finally:
         torch.set_num_threads(previous_threads)
     rows = []
     for (arch, L), secs in seconds.items():
         batch, params = shapes[arch, L]
-        tokens = batch * L * spec.steps
+        tokens = batch * L * settings.steps
         rates = [tokens / s for s in secs]
         base = [tokens / s for s in seconds[BASELINE, L]]
         rows.append({
-            "arch": arch, "device": device.type, "device_name": rec["name"], "threads": spec.threads,
-            "d_model": spec.d_model, "n_layers": spec.n_layers, "d_ff_mult": spec.d_ff_mult,
-            "vocab_size": spec.vocab_size, "seq_len": L, "batch": batch, "params": params,
-            "repeats": spec.repeats, "steps": spec.steps,
-            "step_ms": statistics.median(secs) / spec.steps * 1e3,
+            "arch": arch, "device": device.type, "device_name": rec["name"], "threads": settings.threads,
+            "d_model": settings.d_model, "n_layers": settings.n_layers, "d_ff_mult": settings.d_ff_mult,
+            "vocab_size": settings.vocab_size, "seq_len": L, "batch": batch, "params": params,
+            "repeats": settings.repeats, "steps": settings.steps,
+            "step_ms": statistics.median(secs) / settings.steps * 1e3,
             "tokens_per_s": statistics.median(rates), "tokens_per_s_min": min(rates),
             "tokens_per_s_max": max(rates),
             "ratio_to_softmax": statistics.median(r / b for r, b in zip(rates, base)),
@@ -177,8 +177,8 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_throughput(archs: list[str], spec: ThroughputSettings, mixer_options: dict, out,
+def write_throughput(archs: list[str], settings: ThroughputSettings, mixer_options: dict, out,
                      progress: bool = True) -> list[dict]:
-    rows = throughput_rows(archs, spec, mixer_options, progress)
+    rows = throughput_rows(archs, settings, mixer_options, progress)
     write_csv(out, rows, FIELDS)
     return rows

@@ -176,13 +176,13 @@ def cmd_throughput(args) -> int:
     from seqmix.study.jobs import ThroughputJob
 
     job = job_of(args, ThroughputJob, Expansion.throughput_job)
-    spec = job.throughput
+    settings = job.throughput  # the study's throughput: section, with the command line's overrides
     if args.lengths:
-        spec = spec.model_copy(update={"lengths": args.lengths})
+        settings = settings.model_copy(update={"lengths": args.lengths})
     if args.threads:
-        spec = spec.model_copy(update={"threads": args.threads})
+        settings = settings.model_copy(update={"threads": args.threads})
     out = Path(args.out)
-    rows = write_throughput(args.arch or job.architectures, spec, job.mixers, out,
+    rows = write_throughput(args.arch or job.architectures, settings, job.mixers, out,
                             progress=not args.quiet)
     print(format_table(rows))
     print(f"wrote {len(rows)} rows to {out}")

@@ -155,7 +155,7 @@ def _add_summaries(sub) -> None:
     sp.add_argument("--max-len", type=int, default=128)
     sp.add_argument("--config-options", action="store_true", help="use the mixer options of --config")
     sp.add_argument("--blocks", action="store_true", help="instead, the table of each mixer's residual block and why")
-    sp.add_argument("--markdown", help="with --blocks, also write that table here (docs/blocks.md: make docs-blocks)")
+    sp.add_argument("--markdown", help="with --blocks, also write that table here (docs/reference/blocks.md: make docs-blocks)")
 
     sp = _add(sub, "concat", cmd_concat, "concatenate CSVs with the same columns", config=False)
     sp.add_argument("inputs", nargs="+")
@@ -176,11 +176,11 @@ def _add_summaries(sub) -> None:
 
     sp = _add(sub, "fingerprint", cmd_fingerprint,
               "a few training steps of every catalogued mixer on one thread under the study's numerics: the hash "
-              "of each one's weights and of all (README, Numerics)")
+              "of each one's weights and of all (docs/reference/numerics.md)")
     sp.add_argument("--numerics", dest="asked_numerics", choices=numerics.MODES, default=None,
                     help="these numerics instead of the study's (--config)")
     sp.add_argument("--out", help="also write the digests, the host and the numerics in effect here (JSON)")
-    sp.add_argument("--record", help="add this host's entry to a hosts file (docs/hosts.md), in place of its own "
+    sp.add_argument("--record", help="add this host's entry to a hosts file (docs/reference/hosts.md), in place of its own "
                     "earlier one; a portable fingerprint that differs from a recorded one of the same torch version "
                     "is refused, naming the mixers")
     sp.add_argument("--from", dest="from_file", metavar="FILE",

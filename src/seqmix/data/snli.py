@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from seqmix.data.manifest import write_manifest
-from seqmix.data.sources import RAW_FILES, SNLI_LABELS, load_snli, resolve_source
+from seqmix.data.raw import RAW_FILES, SNLI_LABELS, load_snli, resolve_source
 from seqmix.data.tokenizer import load_tokenizer, tokenizer_record
 from seqmix.io import atomic_file
 from seqmix.study.settings import DataSettings

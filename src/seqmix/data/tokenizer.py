@@ -11,7 +11,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from seqmix.data.manifest import DataError, read_manifest, write_manifest
-from seqmix.data.sources import Source, load_wikitext2, resolve_source
+from seqmix.data.raw import Source, load_wikitext2, resolve_source
 from seqmix.io import atomic_path, sha256_file
 from seqmix.study.jobs import TokenizerJob
 

@@ -1,5 +1,5 @@
 """WikiText-2 (raw) for causal language modelling: the raw text through Hugging Face
-`datasets` (seqmix.data.sources), tokenised into one stream of token ids per split
+`datasets` (seqmix.data.raw), tokenised into one stream of token ids per split
 (contiguous chunks of fixed length, as in the Grassmann paper: Zhang 2025,
 arXiv:2512.19428, §4.1)."""
 
@@ -12,7 +12,7 @@ import numpy as np
 from tqdm import tqdm
 
 from seqmix.data.manifest import MANIFEST, DataError, write_manifest
-from seqmix.data.sources import (
+from seqmix.data.raw import (
     RAW_FILES,
     WIKITEXT_SPLITS,
     load_wikitext2,

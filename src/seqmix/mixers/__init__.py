@@ -32,7 +32,7 @@ def names() -> list[str]:
 
 
 def mixer_class(name: str) -> type[Mixer]:
-    return catalogue.load(catalogue.mixer_entry(name).path)
+    return catalogue.imported(catalogue.mixer_entry(name).path)
 
 
 def options_for_layer(name: str, options: dict[str, Any], layer_index: int) -> dict[str, Any]:

@@ -131,7 +131,7 @@ class Kernel:
     """A kernel as its mixer module declares it (``kernel``): ``name`` is its module's
     (kernels/<name>.py), ``form`` how it runs, ``reference`` the plain function of this
     package it must equal and ``test`` the test module that compares the two, forward and
-    backward. ``load`` imports the kernel function and returns it. Calling the declaration
+    backward. ``importer`` imports the kernel function and returns it. Calling the declaration
     calls the kernel, imported then: a Triton kernel's module imports triton, which a CPU
     machine may lack and which must see TRITON_INTERPRET before it. Every run-time import
     is a statement in the mixer module, so the kernel is part of that mixer's runs' code and
@@ -140,17 +140,17 @@ class Kernel:
 
     name: str
     form: KernelForm
-    load: Callable[[], Callable[..., Any]]
+    importer: Callable[[], Callable[..., Any]]
     reference: Callable[..., Any]
     test: str
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.load()(*args, **kwargs)  # looked up at every call: a patched or reloaded module counts
+        return self.importer()(*args, **kwargs)  # looked up at every call: a patched or reloaded module counts
 
     @property
     def fast(self) -> str:
         """The kernel function, ``"module:function"`` (this imports it)."""
-        fn = self.load()
+        fn = self.importer()
         return f"{fn.__module__}:{fn.__name__}"
 
     @property
@@ -160,7 +160,7 @@ class Kernel:
     @property
     def declared_by(self) -> str:
         """The module that declares it: the mixer's that runs it."""
-        return self.load.__module__
+        return self.importer.__module__
 
 
 def kernel(name: str, form: KernelForm, *, reference: Callable[..., Any], test: str) -> Callable[[Callable], Kernel]:
@@ -172,4 +172,4 @@ def kernel(name: str, form: KernelForm, *, reference: Callable[..., Any], test: 
             return chunk_gla
 
     and the name is then the declaration, callable as the kernel."""
-    return lambda load: Kernel(name, form, load, reference, test)
+    return lambda importer: Kernel(name, form, importer, reference, test)

@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor  # imported by torch itself
 # triton: Triton kernels for CPU tensors too, under the Triton interpreter (TRITON_INTERPRET=1
 # before the kernels are imported): how the tests check a mixer's kernel dispatch on a CPU.
 Implementation = Literal["auto", "reference", "triton"]
-SETTINGS: tuple[str, ...] = get_args(Implementation)
+IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
 FastKind = Literal["triton", "fused_cpu"]
 
 
@@ -98,8 +98,8 @@ _RESOLVED: dict[tuple, Callable[..., torch.Tensor]] = {}
 
 
 def _check_setting(setting: str) -> Implementation:
-    if setting not in SETTINGS:
-        raise ValueError(f"implementation {setting!r} is not one of {', '.join(SETTINGS)}")
+    if setting not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation {setting!r} is not one of {', '.join(IMPLEMENTATIONS)}")
     return setting  # type: ignore[return-value]
 
 

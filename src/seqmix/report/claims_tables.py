@@ -20,9 +20,9 @@ def claims_table(claims: pd.DataFrame) -> str:
             for r in claims.itertuples()]
     return table(
         ["Claim (source)", "Reported", "Ours ($\\pm$ 95\\% CI)", "Measured on", "Verdict"], rows,
-        caption="Each numeric claim of the sources against this pipeline's measurement.",
+        caption="Each numeric claim of the papers against this pipeline's measurement.",
         label="tab:claims", align="p{4.2cm}p{2.0cm}p{2.6cm}p{3.0cm}p{3.6cm}", size="\\scriptsize", long=True,
-        note="Claims, sources and agreement criteria live in \\texttt{paper/claims.yaml}. "
+        note="Claims, their papers and agreement criteria live in \\texttt{paper/claims.yaml}. "
              "\\emph{agrees}/\\emph{disagrees}: the whole 95\\% interval meets/misses the criterion; "
              "\\emph{inconclusive}: the interval straddles it; "
              "\\emph{not testable}: the runs do not reach the scale the claim is about (the reason is given), "

@@ -1,6 +1,6 @@
 """The catalogued mixers as tables: ``python -m seqmix mixers`` (each mixer's forms,
 capabilities, block, options and parameters at one width) and the table of blocks in
-docs/blocks.md, generated from the catalogue (``python -m seqmix mixers --blocks``)."""
+docs/reference/blocks.md, generated from the catalogue (``python -m seqmix mixers --blocks``)."""
 
 from __future__ import annotations
 

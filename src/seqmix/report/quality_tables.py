@@ -144,7 +144,7 @@ def code_text(runs: pd.DataFrame) -> str:
 
 
 def numerics_text(runs: pd.DataFrame) -> str:
-    """Which numerics the runs ran under (README, Numerics) and on which CPUs, flagging a study
+    """Which numerics the runs ran under (docs/reference/numerics.md) and on which CPUs, flagging a study
     whose runs mix numerics or hosts, or portable runs whose libraries did not all take the pinned
     path (seqmix.report.collect.numerics_of): ``qNumerics``."""
     def runs_of(n: int) -> str:
@@ -169,7 +169,7 @@ def numerics_text(runs: pd.DataFrame) -> str:
                 "paths, and a run on a plateau can end otherwise.")
     if known == [("portable", len(runs))]:
         text += (" ATen, oneDNN and oneMKL were pinned to one code path on one thread, so any x86-64 host with "
-                 "AVX2 and FMA gives the same bits (docs/hosts.md).")
+                 "AVX2 and FMA gives the same bits (docs/reference/hosts.md).")
     elif len(cpus) > 1:
         text += (" \\textbf{Runs from several hosts} not all pinned: hosts of different instruction sets or vendors "
                  "give different last bits, and a run on a plateau can end otherwise.")

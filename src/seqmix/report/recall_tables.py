@@ -40,6 +40,12 @@ def best_by_width(runs: pd.DataFrame, groups: list[str]) -> dict[str, pd.DataFra
     return {g: best_of_sweep(runs, g, WIDTH) for g in groups}
 
 
+def chance_label(level: float) -> str:
+    """A chance level as the legend prints it: ``1/8 = 0.125`` where it is one over a count."""
+    count = round(1 / level) if level > 0 else 0
+    return f"1/{count} = {level:.3g}" if count and math.isclose(1 / level, count) else f"{level:.3g}"
+
+
 def draw_width(ax, runs: pd.DataFrame, best_rows: pd.DataFrame, colours: dict[str, str], title: str) -> None:
     """One group's panel of recall_width (and of the README's results): each mixer's test
     accuracy against width, every seed a circle, the line joining what a majority of seeds
@@ -56,7 +62,8 @@ def draw_width(ax, runs: pd.DataFrame, best_rows: pd.DataFrame, colours: dict[st
         ax.plot(m.per_value * nudge, m.majority, marker="D", ms=3, lw=1.2, color=colours[arch], label=arch_title(arch))
     chance = runs[runs.group == best_rows.group.iloc[0]].chance.dropna()
     if len(chance):
-        ax.axhline(chance.iloc[0], color="grey", ls=":", lw=1, label="chance (some value)")
+        level = float(chance.iloc[0])  # the task's, from its runs (MQAR: 1 / key-value pairs)
+        ax.axhline(level, color="grey", ls=":", lw=1, label=f"chance ({chance_label(level)})")
     widths = sorted(best_rows.per_value.unique())
     ax.set_xscale("log", base=2)
     ax.set_xticks(widths, [f"{v:g}" for v in widths])

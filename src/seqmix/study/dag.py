@@ -1,6 +1,6 @@
 """The study as the Snakefile sees it, without importing torch.
 
-``load`` returns the job table of `python -m seqmix jobs` (the validated study, every job's
+``read_jobs`` returns the job table of `python -m seqmix jobs` (the validated study, every job's
 spec and code, the path patterns and each rule's resources: ``seqmix.expansion.table.job_table``
 of the study's ``Expansion``).
 The table is made in a subprocess, which reads the profile once (seqmix.study.profile),
@@ -50,7 +50,7 @@ class StudyError(Exception):
 # ------------------------------------------------------------------------------------------
 
 
-def load(config: Mapping[str, Any], configfiles: Sequence[str | os.PathLike] = (),
+def read_jobs(config: Mapping[str, Any], configfiles: Sequence[str | os.PathLike] = (),
          cache_dir: str | os.PathLike = CACHE_DIR) -> Jobs:
     """The job table of the study Snakemake was given: the last of ``configfiles`` (its
     ``extends`` resolved; none: config/config.yaml) with ``config`` on top (what Snakemake

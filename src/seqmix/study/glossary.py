@@ -15,7 +15,11 @@ A module of its own that nothing imports, so that editing a definition is no run
   them; made once per process and passed where the study was (the job table, the plan). The
   preflight reads the specs it builds (``preflight.Specs``), from it or from the job table.
 - settings: the typed keys of one section of a profile (``TrainSettings`` is ``train:``);
-  a task kind adds its own (``TaskSettings``), a mixer its ``Options`` (seqmix.mixers).
+  a task kind adds its own (``TaskSettings``), a mixer its ``Options`` (seqmix.mixers). A
+  job's spec carries settings (``ThroughputJob.throughput`` is a ``ThroughputSettings``, named
+  ``settings`` in code, never ``spec``). What a process's ``configure()`` set is ``CONFIGURED``
+  (seqmix.train.provenance, seqmix.mkl_shim); the values ``train.implementation`` takes are
+  ``seqmix.mixers.dispatch.IMPLEMENTATIONS``.
 - kind: what a task does (``mqar``, ``wikitext2``, ``snli``): a ``seqmix.tasks`` ``Task``
   class, one line of ``seqmix.catalogue``.
 - task: one named task of the study, ``<kind>`` or ``<kind>/<variant>`` under ``tasks:`` (a
@@ -45,6 +49,25 @@ A module of its own that nothing imports, so that editing a definition is no run
 - code: a job's code, the modules its command runs and every module of this project they
   import, found from the imports, as one digest (``seqmix.sources``); a run is identified by
   its settings and its code, and never resumes a checkpoint of other code.
+- sources: the files of a job's code, each with its digest (``{file: digest}``:
+  ``Code.sources()``, provenance.json's ``code.sources``, a fingerprint's ``sources``), found
+  by ``seqmix.sources``; nothing else. Raw data come from ``seqmix.data.raw`` (its ``Source``,
+  the config's ``data.source``: the hub or the mirror a raw file is read from), a claim's paper
+  is its ``source`` (paper/claims.yaml), and the report's ``.tex`` files are its LaTeX files.
+- load: read a file into this process: a checkpoint (``train.checkpoint.load``), a profile
+  validated (``expansion.validate.load_study``), a run (``train.evaluate.load_run``), raw data
+  (``data.raw.load_wikitext2``), claims, a tokenizer, and oneMKL's shim (``mkl_shim.load``,
+  a shared library). Importing an object by its ``"module:attribute"`` name is *import*
+  (``catalogue.imported``, a kernel declaration's ``importer``); the Snakefile's job table is
+  *read* (``seqmix.study.dag.read_jobs``). A machine's *load average* keeps its usual meaning.
+- registry: the package registry (PyPI, or the index pip is pointed at): a GPU machine without
+  one installs the wheels ``make gpu-wheels`` gathered. Nothing of seqmix is a registry: a
+  mixer's kernels are its module's declarations (``seqmix.mixers.declared_kernels()``), the
+  benchmarks' launch cases are ``tools/bench/launches.py``.
+- chance: the chance level of a task's test metric (``Task.chance``; MQAR: 1 / key-value
+  pairs), runs.csv's ``chance``; the recall figure draws it dotted, its legend giving the value
+  (``chance (1/8 = 0.125)``). The *informed-chance level* is ln(1 / chance), the loss of a model
+  that outputs a value of its context without knowing which.
 - numerics: which code path each CPU library takes (``portable`` pins them, ``native`` lets
   the host choose: ``seqmix.numerics``); the *fingerprint* is the hash of every mixer's weights
   after a few steps under them (``seqmix.fingerprint``).

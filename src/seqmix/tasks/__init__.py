@@ -8,7 +8,7 @@ from seqmix import catalogue
 
 def task_class(kind: str):
     """The Task subclass of ``kind`` (``"mqar"``; a task name ``"mqar/L64-kv4"`` works too)."""
-    return catalogue.load(catalogue.task_entry(catalogue.kind_of(kind)).path)
+    return catalogue.imported(catalogue.task_entry(catalogue.kind_of(kind)).path)
 
 
 def kinds() -> list[str]:

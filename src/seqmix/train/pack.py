@@ -1,6 +1,6 @@
 """Seed packs: the seeds of one run configuration trained in one process as one vectorised
 model (``train_pack``), so that a launch-bound GPU step carries every seed for about the
-kernel launches of one (docs/gpu-headline.md).
+kernel launches of one (docs/runbook/gpu-headline.md).
 
 A pack is a list of run specs (``TrainJob``) of one task and architecture that differ only in
 seed and run directory. Each member is built exactly as its single run (``loop.build_for_spec``:

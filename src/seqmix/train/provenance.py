@@ -23,12 +23,12 @@ PACKAGES = ("torch", "triton", "numpy", "datasets", "tokenizers", "snakemake", "
 # the GPU slot the job holds (seqmix.slots: "<gpu>/<slot index>"), in a copy of the checkout
 # without git's data (a GPU machine's) the commit it was made from, the numerics the command
 # asked for (seqmix.numerics) and the process's values of the variables that pin them.
-SETTINGS: dict = {"gpu_slot": None, "commit": None, "numerics": None, "environment": {}}
+CONFIGURED: dict = {"gpu_slot": None, "commit": None, "numerics": None, "environment": {}}
 
 
 def configure(gpu_slot: str | None = None, commit: str | None = None, numerics: str | None = None,
               environment: dict[str, str] | None = None) -> None:
-    SETTINGS.update(gpu_slot=gpu_slot or None, commit=commit or None, numerics=numerics,
+    CONFIGURED.update(gpu_slot=gpu_slot or None, commit=commit or None, numerics=numerics,
                     environment=dict(environment or {}))
 
 
@@ -46,7 +46,7 @@ def git_commit() -> dict:
             return {"commit": commit, "dirty": bool(run("status", "--porcelain"))}
     except (OSError, subprocess.SubprocessError):
         pass
-    return {"commit": SETTINGS["commit"], "dirty": None}
+    return {"commit": CONFIGURED["commit"], "dirty": None}
 
 
 def package_versions() -> dict:
@@ -94,13 +94,13 @@ def numerics_record() -> dict:
     from the libraries, oneMKL's and oneDNN's caps from the environment), the file of oneMKL's
     shim where it is loaded (seqmix.mkl_shim), the threads, and the CPU with its vendor and
     flags. ``pinned``: every pin in effect, so that the run's bits are those of any other host
-    with AVX2 and FMA (docs/hosts.md)."""
-    env = SETTINGS["environment"]
+    with AVX2 and FMA (docs/reference/hosts.md)."""
+    env = CONFIGURED["environment"]
     effective = {"aten_capability": torch.backends.cpu.get_cpu_capability(), "mkl_branch": mkl_branch(),
                  "mkl_max_isa": env.get("MKL_ENABLE_INSTRUCTIONS"), "onednn_max_isa": env.get("ONEDNN_MAX_CPU_ISA"),
                  "threads": torch.get_num_threads(), numerics.SHIM: mkl_shim.loaded()}
     flags = numerics.cpu_flags()
-    return {"mode": SETTINGS["numerics"], "pinned": numerics.differences(effective) == [], **effective,
+    return {"mode": CONFIGURED["numerics"], "pinned": numerics.differences(effective) == [], **effective,
             "environment": env, "cpu": numerics.cpu_model(), "vendor": numerics.cpu_vendor(),
             "vector_isa": numerics.vector_isa(flags), "cpu_flags": " ".join(flags)}
 
@@ -111,8 +111,8 @@ def device_record(device: torch.device) -> dict:
         rec["gpu"] = torch.cuda.get_device_name(device)
         rec["cuda"] = torch.version.cuda
     rec["name"] = rec.get("gpu", rec["cpu"])
-    if SETTINGS["gpu_slot"]:  # the GPU slot the job held (seqmix.slots): <gpu>/<slot index>
-        rec["gpu_slot"] = SETTINGS["gpu_slot"]
+    if CONFIGURED["gpu_slot"]:  # the GPU slot the job held (seqmix.slots): <gpu>/<slot index>
+        rec["gpu_slot"] = CONFIGURED["gpu_slot"]
     return rec
 
 

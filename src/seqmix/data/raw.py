@@ -1,5 +1,5 @@
 """Where raw data comes from: the Hugging Face hub, or a local mirror directory holding the
-official raw files (layout: the README's "The data mirror"). Mirror files are checked against
+official raw files (layout: docs/reference/data-mirror.md). Mirror files are checked against
 the published sha256 of the official releases before anything is read from them; a missing
 or wrong file stops the job naming the file, its expected digest and the fix, which names
 the setting in force: the config key 'data.mirror' or the environment variable (read by the
