@@ -143,8 +143,7 @@ def _add_train_pack(sub) -> None:
                     "checkout's differs); default: this checkout's")
 
 
-def _add_summaries(sub) -> None:
-    """The commands that plan, summarise or describe a study rather than run its jobs."""
+def _add_plan(sub) -> None:
     sp = _add(sub, "plan", cmd_plan, "what the study costs (runs, tokens, FLOPs, memory, H100 hours) and what "
               "would fail at its shapes")
     sp.add_argument("--mfu", type=float, default=0.05, help="assumed model FLOP utilisation (default 0.05)")
@@ -160,6 +159,11 @@ def _add_summaries(sub) -> None:
     sp.add_argument("--markdown", help="also write the Markdown table here")
     sp.add_argument("--no-local-checks", action="store_true", help="skip the checks of this machine (GPU, memory)")
     sp.add_argument("--quiet", action="store_true")
+
+
+def _add_summaries(sub) -> None:
+    """The commands that plan, summarise or describe a study rather than run its jobs."""
+    _add_plan(sub)
 
     sp = _add(sub, "benchmarks", cmd_benchmarks, "time and peak memory of every job of a DAG run, per rule "
               "(Snakemake's benchmark files)", config=False)
