@@ -105,7 +105,7 @@ paper-headline: paper-headline-runs
 
 # The DAG part alone (scripts/gpu-headline.sh stops it at its deadline, then records what finished).
 paper-headline-runs:
-	$(SNAKEMAKE) --configfile $(HEADLINE) --set-threads train=$(JOB_THREADS) eval=$(JOB_THREADS) -- runs
+	$(SNAKEMAKE) --configfile $(HEADLINE) --set-threads train=$(JOB_THREADS) train_pack=$(JOB_THREADS) eval=$(JOB_THREADS) -- runs
 
 # The same on a CPU (config/paper-headline-smoke.yaml: the exact shapes, steps cut), its jobs
 # packed on one fake GPU (SEQMIX_GPUS), one thread each.

@@ -41,7 +41,9 @@ deadline=$(( t0 + LIMIT_S - MARGIN_S ))  # the runs stop here
 
 stamp "start: $(uname -n), $($PYTHON --version 2>&1), $HEADLINE; runs stop at $(( LIMIT_S - MARGIN_S )) s"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$PYTHON" -c "import pydantic, snakemake, jsonschema, datasets" 2>/dev/null; then
+# Found, not imported (datasets' import alone takes seconds; the setup below imports what it needs).
+if ! "$PYTHON" -c "import importlib.util as u, sys
+sys.exit(any(u.find_spec(m) is None for m in ('pydantic', 'snakemake', 'jsonschema', 'datasets')))" 2>/dev/null; then
   ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no wheels in $WHEELS/: run make gpu-wheels where PyPI is reachable" >&2; exit 2; }
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$WHEELS"/*.whl || exit 2
 fi
@@ -106,11 +108,8 @@ stamp "make paper-headline-runs: exit status $status"
 
 # The record of what finished (all of it, or the finished runs with the others named).
 left=$(( t0 + LIMIT_S - $(date +%s) - 15 ))
-timeout --signal=KILL "$(( left > 5 ? left : 5 ))" "$PYTHON" -c "
-import sys
-from seqmix.report.recorded import record
-dest = record(sys.argv[1], 'results/recorded', 'scripts/gpu-headline.sh', commit=sys.argv[2] or None, partial=True)
-print('recorded', sys.argv[1], 'in', dest)" "$HEADLINE" "${SEQMIX_GIT_COMMIT:-}"
+timeout --signal=KILL "$(( left > 5 ? left : 5 ))" "$PYTHON" -m seqmix record --config "$HEADLINE" --partial \
+  --out results/recorded --made-by scripts/gpu-headline.sh ${SEQMIX_GIT_COMMIT:+--commit "$SEQMIX_GIT_COMMIT"}
 recorded=$?
 stamp "record: exit status $recorded"
 pack_up

@@ -191,6 +191,8 @@ def mode_in_spec(spec: str) -> str | None:
         data = json.loads(spec)
     except ValueError:
         return None
+    if isinstance(data, dict) and isinstance(data.get("specs"), list) and data["specs"]:
+        data = data["specs"][0]  # a seed pack's (seqmix.study.jobs.PackJob): its members' one numerics
     return checked_mode(data.get("numerics"), "--spec") if isinstance(data, dict) else None
 
 

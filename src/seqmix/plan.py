@@ -32,6 +32,16 @@ architecture:
     assumed_mfu_hours  pflop / (peak × the assumed MFU) (``--mfu``, default 5 %): the plan
                   without measurements, for comparison
 
+Seed packs (a task's ``train.pack``, seqmix.train.pack): ``packed_hours`` is ``h100_hours``
+with every pack's seeds trained as one, its step time predicted (never measured: no packed
+step has run on a GPU) by the time model of docs/runbook/gpu-headline.md from launch counts taken on a
+CPU (``--pack-counts``, default ``results/bench/time_model/counts.json``, written by
+``python -m tools.bench.time_model``): a launch-bound eager step of a pack of n seeds takes its
+single step's time x (the pack's launches / the single step's) x the host cost per launch of a
+packed step against a single one, measured side by side on the CPU; the pack's launches are
+interpolated between one seed and the counted pack, as the time model does. A packed
+architecture with no count keeps its unpacked hours, and the notes say so.
+
 Measured step times (``--measured``, default ``results/bench/nvidia-h100-80gb-hbm3``): the
 ``train_probe.csv`` that ``make gpu-check`` writes there, the step time of each (task point,
 architecture) of the paper profile on that GPU (``tools.bench.train_probe``). A measurement
@@ -67,11 +77,12 @@ H100_BF16_PEAK = 989.4e12  # FLOP/s, H100 SXM5, dense BF16 (NVIDIA H100 Tensor C
 DEFAULT_MFU = 0.05
 
 FIELDS = ["task", "arch", "block", "runs", "params", "tokens", "pflop", "act_gib", "train_gib", "h100_hours",
-          "basis", "assumed_mfu_hours"]
+          "basis", "assumed_mfu_hours", "packed_hours"]
 # The H100 whose peak is H100_BF16_PEAK: where `make gpu-check` writes its step times
 # (seqmix.device.device_slug of "NVIDIA H100 80GB HBM3"), and where the plan reads them.
 MEASURED_DIR = Path("results/bench") / "nvidia-h100-80gb-hbm3"
 STEP_TIMES = "train_probe.csv"
+PACK_COUNTS = Path("results/bench/time_model") / "counts.json"  # the time model's launch counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +130,23 @@ def read_step_times(directory: str | Path | None) -> list[dict]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def read_pack_counts(path: str | Path | None) -> dict[str, dict]:
+    """The time model's launch counts by architecture (``PACK_COUNTS``); {} without them."""
+    if not path or not Path(path).is_file():
+        return {}
+    import json
+
+    return json.loads(Path(path).read_text())["counts"]
+
+
+def pack_factor(counts: dict, members: int) -> float:
+    """A pack of ``members`` seeds' eager step time over its single step's (module docstring:
+    predicted by the time model, tools/bench/time_model.py)."""
+    one, many = counts["single"], counts["packed"]
+    launches = one + (many - one) * (members - 1) / (counts["members"] - 1)
+    return launches / one * (counts["host_ratio"] if members > 1 else 1.0)
 
 
 @dataclasses.dataclass
@@ -185,13 +213,25 @@ def _basis(p: Point, measured: list[Point], mfu: float, peak: float) -> tuple[fl
                             f"{p.step.train_flops / near.step.train_flops:.2g}x its FLOPs)")
 
 
+def packed_runs(p: Point, pack_counts: dict[str, dict], missing: set[str]) -> float:
+    """How many single runs' time a point's seeds take: its seeds, or where they train as one
+    pack, its predicted pack step over the single one (``pack_factor``)."""
+    if not p.spec.train.pack:
+        return p.seeds
+    if p.spec.arch not in pack_counts:
+        missing.add(p.spec.arch)
+        return p.seeds
+    return pack_factor(pack_counts[p.spec.arch], p.seeds)
+
+
 def plan_rows(expansion: Expansion, mfu: float = DEFAULT_MFU, peak: float = H100_BF16_PEAK, progress=None,
-              measured: list[dict] | None = None, notes: list[str] | None = None) -> list[dict[str, Any]]:
+              measured: list[dict] | None = None, notes: list[str] | None = None,
+              pack_counts: dict[str, dict] | None = None) -> list[dict[str, Any]]:
     """One row per (task as written in the config, architecture): its sweep points and
     seeds added up (module docstring). ``measured``: ``read_step_times``' rows; ``notes`` gets
-    a line for each measured row that does not apply."""
+    a line for each measured row that does not apply; ``pack_counts``: ``read_pack_counts``'."""
     points = study_points(expansion, progress)
-    unused = apply_measurements(points, measured or [])
+    unused, missing = apply_measurements(points, measured or []), set()
     if notes is not None:
         notes += [f"measured but not the model planned, so not used: {u}" for u in unused]
     known = [p for p in points if p.measured_s is not None]
@@ -201,7 +241,8 @@ def plan_rows(expansion: Expansion, mfu: float = DEFAULT_MFU, peak: float = H100
         point_mfu, basis = _basis(p, known, mfu, peak)
         row = rows.setdefault((p.group, p.spec.arch), {
             "task": p.group, "arch": p.spec.arch, "block": p.spec.model.block, "runs": 0, "params": 0, "tokens": 0,
-            "pflop": 0.0, "act_gib": 0.0, "train_gib": 0.0, "h100_hours": 0.0, "assumed_mfu_hours": 0.0, "_basis": {}})
+            "pflop": 0.0, "act_gib": 0.0, "train_gib": 0.0, "h100_hours": 0.0, "assumed_mfu_hours": 0.0,
+            "packed_hours": 0.0, "_basis": {}})
         row["runs"] += p.seeds
         row["params"] = max(row["params"], p.step.params)
         row["tokens"] += p.seeds * tokens
@@ -209,8 +250,12 @@ def plan_rows(expansion: Expansion, mfu: float = DEFAULT_MFU, peak: float = H100
         row["act_gib"] = max(row["act_gib"], p.step.activation_bytes / GIB)
         row["train_gib"] = max(row["train_gib"], (p.step.peak_bytes + STATE_BYTES_PER_PARAM * p.step.params) / GIB)
         row["h100_hours"] += p.seeds * flops / (peak * point_mfu) / 3600
+        row["packed_hours"] += packed_runs(p, pack_counts or {}, missing) * flops / (peak * point_mfu) / 3600
         row["assumed_mfu_hours"] += p.seeds * flops / (peak * mfu) / 3600
         row["_basis"][basis] = row["_basis"].get(basis, 0) + p.seeds
+    if notes is not None and missing:
+        notes.append(f"packed but with no launch count in the time model ({', '.join(sorted(missing))}): "
+                     "their packed hours are their unpacked ones")
     for row in rows.values():
         parts = row.pop("_basis")
         row["basis"] = "measured" if list(parts) == ["measured"] else "; ".join(
@@ -224,7 +269,8 @@ def totals(rows: list[dict]) -> dict[str, Any]:
             "act_gib": max((r["act_gib"] for r in rows), default=0.0),
             "train_gib": max((r["train_gib"] for r in rows), default=0.0),
             "h100_hours": sum(r["h100_hours"] for r in rows), "basis": "",
-            "assumed_mfu_hours": sum(r["assumed_mfu_hours"] for r in rows)}
+            "assumed_mfu_hours": sum(r["assumed_mfu_hours"] for r in rows),
+            "packed_hours": sum(r["packed_hours"] for r in rows)}
 
 
 def _cell(key: str, value) -> str:
@@ -250,6 +296,20 @@ def _per_task(rows: list[dict]) -> list[str]:
         f"| {task} | {h:.1f} | {a:.1f} |" for task, (h, a) in tasks.items()]
 
 
+def _packs(rows: list[dict]) -> list[str]:
+    """The hours with and without the study's seed packs, where it has any."""
+    packed = [r for r in rows if not math.isclose(r["packed_hours"], r["h100_hours"])]
+    if not packed:
+        return []
+    total = totals(rows)
+    return [f"With the study's seed packs the study would cost {total['packed_hours']:.1f} H100 h, against "
+            f"{total['h100_hours']:.1f} without: the packed step times are predicted by the time model "
+            "(docs/runbook/gpu-headline.md: launch counts taken on a CPU), not measured.", "",
+            "| task | architecture | runs | H100 h without packs | with packs (predicted) |", "|---|---|---|---|---|",
+            *(f"| {r['task']} | {catalogue.title(r['arch'])} | {r['runs']} | {r['h100_hours']:.2f} | "
+              f"{r['packed_hours']:.2f} |" for r in packed), ""]
+
+
 def markdown(rows: list[dict], mfu: float, peak: float, measured_from: str | None = None,
              notes: list[str] | None = None) -> str:
     """The plan as a Markdown table with its total, the hours per task, and what they rest on."""
@@ -258,7 +318,7 @@ def markdown(rows: list[dict], mfu: float, peak: float, measured_from: str | Non
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in [*rows, totals(rows)]:
         title = catalogue.title(r["arch"]) if r["arch"] else ""
-        cells = [r["task"], title] + [_cell(k, r[k]) for k in FIELDS[2:-1]]
+        cells = [r["task"], title] + [_cell(k, r[k]) for k in FIELDS[2:-2]]
         lines.append("| " + " | ".join(cells) + " |")
     total, assumed = totals(rows)["h100_hours"], totals(rows)["assumed_mfu_hours"]
     source = (f"step times measured on an H100 ({measured_from}/{STEP_TIMES}, written by `make gpu-check`) where "
@@ -267,6 +327,6 @@ def markdown(rows: list[dict], mfu: float, peak: float, measured_from: str | Non
               f"At the assumed {mfu:.0%} everywhere the study would cost {assumed:.1f} H100 h; from measurements it "
               f"costs {total:.1f}. FLOPs counted by FlopCounterMode on each run's model (matmul-class ops, SDPA, FFTs, "
               "Mamba's fused scan); tokens and FLOPs are upper bounds where early stopping ends runs sooner; the "
-              "final evaluation on whole splits is not counted.", "", *_per_task(rows)]
+              "final evaluation on whole splits is not counted.", "", *_packs(rows), *_per_task(rows)]
     lines += [f"\n{n}" for n in notes or []]
     return "\n".join(lines) + "\n"

@@ -77,14 +77,29 @@ def test_the_smoke_profile_is_the_paper_profile_plus_its_listed_cuts():
     assert smoke_raw["extends"] == "paper.yaml"
     cuts = flatten({k: v for k, v in smoke_raw.items() if k != "extends"})
     paper, smoke = flatten(resolved(PAPER)), flatten(resolved(SMOKE))
-    changed = {k for k in set(paper) | set(smoke) if paper.get(k) != smoke.get(k)}
-    assert changed == {k for k in cuts if paper.get(k) != cuts[k]}, "a difference the smoke file does not list"
+    # A cut that replaces a mapping by one value (train.pack: false for the paper's per-architecture
+    # packs): the mapping's keys are the paper's, the value is the smoke's study's.
+    replaced = {c for c in cuts if any(k.startswith(c + ".") for k in paper)}
+    under = lambda k: any(k == c or k.startswith(c + ".") for c in replaced)  # noqa: E731
+    for c in replaced:
+        assert _setting(load_study(SMOKE), c) == cuts[c], c
+    changed = {k for k in set(paper) | set(smoke) if paper.get(k) != smoke.get(k) and not under(k)}
+    assert changed == {k for k in cuts if paper.get(k) != cuts[k] and not under(k)}, \
+        "a difference the smoke file does not list"
     # The shapes the smoke proves are the paper's.
     for key in ("tokenizer.vocab_size", "tasks.wikitext2.block_size", "tasks.wikitext2.model.budget.params",
                 "tasks.wikitext2.model.budget.tolerance", "tasks.mqar/L512-kv64.seq_len",
                 "tasks.mqar/L512-kv64.train.batch_size", "tasks.mqar/L512-kv64.mixers.h3.d_state",
                 "tasks.snli.max_sentence_tokens", "tasks.wikitext2.model.block"):
         assert smoke[key] == paper[key], key
+
+
+def _setting(study, key: str):
+    """A setting of a validated study by its dotted key (sections by attribute, tasks by name)."""
+    value = study
+    for part in key.split("."):
+        value = value[part] if isinstance(value, dict) else getattr(value, part)
+    return value
 
 
 def test_extends_names_its_file_and_refuses_cycles(tmp_path):
@@ -154,7 +169,9 @@ def test_snakemake_passes_the_paper_profile_key_by_key(paper_dry_run):
                              ("throughput", "throughput")):
         (spec,) = _json_args(paper_dry_run, command, "--spec")
         assert (spec[section] if section else spec) == study["analysis"][section or "sparsity_analytic"], command
-    specs = _json_args(paper_dry_run, "train", "--spec")
+    # a seed pack's members (train.pack) have their run specs in the pack's spec
+    specs = _json_args(paper_dry_run, "train", "--spec") + [
+        member for pack in _json_args(paper_dry_run, "train-pack", "--spec") for member in pack["specs"]]
     assert len(specs) == len(expansion.runs)
     assert {(s["task"].split("/")[0], s["arch"], s["model"]["block"]) for s in specs if s["task"] == "wikitext2"} == {
         ("wikitext2", a, catalogue.mixer_entry(a).block) for a in study["architectures"] if mixer_class(a).supports_causal}

@@ -73,8 +73,10 @@ def test_the_headline_target_plans_the_runs_and_their_evaluations_only(tmp_path)
                      "--resources", "gpu_slots=6", "--", "runs")
     study = load_study(HEADLINE)
     n = len(study.architectures) * len(study.seeds)
-    assert planned_jobs(proc) == {"data_tokenizer": 1, "data_task": 1, "train": n, "eval": n, "runs": 1}
-    assert "python -m seqmix.slots python -m seqmix train" in proc.stdout
+    # each architecture's seeds train as one seed pack (train.pack: the headline packs on a GPU)
+    assert planned_jobs(proc) == {"data_tokenizer": 1, "data_task": 1, "train_pack": len(study.architectures),
+                                  "eval": n, "runs": 1}
+    assert "python -m seqmix.slots python -m seqmix train-pack --spec" in proc.stdout
 
 
 # ------------------------------------------------------------------------------------------

@@ -361,7 +361,23 @@ def markdown(counts: dict, rows: list[dict], args, where: str) -> str:
         steps = ", ".join(f"{a} {ms}" for a, ms in sorted(set(r["step_ms"].items())))
         options.append(f"| {r['gpu']} | {r['step']} | {r['seeds']} | {'yes' if r['packed'] else 'no'} | {r['processes']} "
                        f"| {steps} | {r['runs_s']} | {r['whole_s']} | {'yes' if r['fits_70'] else 'no'} |")
-    return head + "\n".join(table + options) + "\n"
+    return head + "\n".join(table + options + ["", *verdict(rows, args)]) + "\n"
+
+
+def verdict(rows: list[dict], args) -> list[str]:
+    """Per GPU, whether the issue's target (three seeds of both, eager, runs within 70 % of
+    their time) is predicted reached, and by how much the best eager option misses it."""
+    target, lines = 0.7 * args.runs_budget_s, []
+    for gpu in GPUS:
+        eager = [r for r in rows if r["gpu"] == gpu and r["step"] == "eager" and r["seeds"] == 3]
+        if not eager:
+            continue
+        best = min(eager, key=lambda r: r["runs_s"])
+        how = f"{'packed' if best['packed'] else 'unpacked'}, {best['processes']} processes"
+        lines.append(f"{gpu}, eager, three seeds: the best option ({how}) is predicted at {best['runs_s']} s of runs "
+                     f"against the {target:.0f} s target: " + ("reached." if best["fits_70"] else
+                     f"**not reached**, by {best['runs_s'] - target:.0f} s ({best['runs_s'] / target:.1f} times the target)."))
+    return lines
 
 
 def commit() -> str:

@@ -45,6 +45,47 @@ rule train:
         "python -m seqmix.slots python -m seqmix train --spec {params.spec:q} --code {params.code} > {log:q} 2>&1"
 
 
+# Seed packs (a task's `train.pack`, seqmix.train.pack): the seeds of one (task, arch) in one
+# job, whose outputs are exactly its members' `train` outputs, so that `eval` and everything
+# downstream read them unchanged. One rule per members' seeds (a rule's outputs are fixed
+# patterns): `train_pack`, or `train_pack_seeds<seeds>` where a study's packs differ in seeds.
+# Where a run is a pack's member, its pack's rule makes its files, not `train` (ruleorder). A
+# killed pack's outputs are removed; its members' checkpoints are not, and the rerun resumes.
+PACKS = JOBS.pack_groups()
+for _seeds, _packs in PACKS.items():
+    _name = "train_pack" if len(PACKS) == 1 else "train_pack_seeds" + "-".join(map(str, _seeds))
+    _members = "pack" + "-".join(map(str, _seeds))
+
+    rule:
+        name:
+            _name
+        input:
+            data=lambda w: JOBS.data_file("manifest.json", JOBS.group_of(JOBS.pack(w.pack)["task"])),
+        output:
+            [JOBS.pack_file(f, s) for s in _seeds
+             for f in ("metrics.json", "model.pt", "log.csv", "provenance.json", "config.json")],
+        wildcard_constraints:
+            pack=_alternatives(_packs),
+        params:
+            spec=lambda w: JOBS.pack(w.pack)["spec"],
+            # as `train`'s: the pack's code (its runs' and seqmix.train.pack) identifies its members
+            code=lambda w: JOBS.code_digest("train_pack", JOBS.pack(w.pack)["task"], JOBS.pack(w.pack)["arch"]),
+        log:
+            log_file("train_pack", f"{{pack}}/{_members}"),
+        benchmark:
+            benchmark_file("train_pack", f"{{pack}}/{_members}")
+        resources:
+            **resources_of("train_pack"),
+            gpu_slots=1,
+        threads: lambda w: JOBS.threads(JOBS.pack(w.pack)["task"]) or workflow.cores
+        conda:
+            "../../envs/seqmix.yaml"
+        shell:
+            "python -m seqmix.slots python -m seqmix train-pack --spec {params.spec:q} --code {params.code} > {log:q} 2>&1"
+
+    workflow.ruleorder(_name, "train")
+
+
 rule eval:
     input:
         metrics=run_file("metrics.json"),

@@ -53,6 +53,23 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_train_pack(args) -> int:
+    from seqmix.study.jobs import PackJob
+    from seqmix.train.pack import train_pack
+
+    if args.spec:
+        job = parse_spec(PackJob, args.spec)
+    elif args.task is None or args.arch is None:
+        raise ConfigError("train-pack needs --task and --arch (or --spec)")
+    else:
+        job = expansion_of(args).pack_job(args.task, args.arch)
+    every = train_pack(job.specs, progress=not args.quiet, planned_code=args.code)
+    print(json.dumps([{"run": spec.run_name, **{k: metrics[k] for k in ("status", "params", "steps_completed",
+                                                                         "best_eval")}}
+                      for spec, metrics in zip(job.specs, every)], default=str))
+    return 0
+
+
 def cmd_eval(args) -> int:
     from seqmix.train.evaluate import evaluate_run
 
@@ -204,8 +221,9 @@ def cmd_plan(args) -> int:
     progress = None if args.quiet else (lambda what: print(f"counting {what}", file=sys.stderr))
     source = str(plan.MEASURED_DIR) if args.measured is None else args.measured
     measured, notes = plan.read_step_times(source), []
+    pack_counts = plan.read_pack_counts(str(plan.PACK_COUNTS) if args.pack_counts is None else args.pack_counts)
     rows = plan.plan_rows(expansion, mfu=args.mfu, peak=args.peak_tflops * 1e12, progress=progress, measured=measured,
-                          notes=notes)
+                          notes=notes, pack_counts=pack_counts)
     table = plan.markdown(rows, args.mfu, args.peak_tflops * 1e12, source if measured else None, notes)
     print(table, end="")
     if args.out:
@@ -234,8 +252,9 @@ def cmd_benchmarks(args) -> int:
 def cmd_record(args) -> int:
     from seqmix.report.recorded import record
 
-    command = f"python -m seqmix record --config {args.config} --out {args.out}"
-    dest = record(args.config, args.out, command, args.made_by, args.commit, expansion=expansion_of(args))
+    command = f"python -m seqmix record --config {args.config} --out {args.out}" + (" --partial" if args.partial else "")
+    dest = record(args.config, args.out, command, args.made_by, args.commit, partial=args.partial,
+                  expansion=expansion_of(args))
     print(f"recorded {args.config}'s runs in {dest}")
     return 0
 

@@ -25,6 +25,7 @@ from seqmix.cli.commands import (
     cmd_sparsity_analytic,
     cmd_throughput,
     cmd_train,
+    cmd_train_pack,
     cmd_where,
 )
 from seqmix.study.profile import DEFAULT_CONFIG
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--code", help="the digest of the run's code the workflow planned it with (it fails if the "
                     "checkout's differs); default: this checkout's")
 
+    _add_train_pack(sub)
+
     sp = _add(sub, "eval", cmd_eval, "score a finished run on its evaluation and test splits (eval.json)", config=False)
     sp.add_argument("--run", required=True, help="run directory, results/runs/<task>/<arch>/seed<k>")
     sp.add_argument("--device", default="auto")
@@ -129,8 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_summaries(sub) -> None:
-    """The commands that plan, summarise or describe a study rather than run its jobs."""
+def _add_train_pack(sub) -> None:
+    sp = _add(sub, "train-pack", cmd_train_pack, "train the seeds of one (task, architecture) as one seed pack "
+              "(a task's train.pack); each seed writes its single run's files and resumes from its checkpoint",
+              spec="the seed pack's spec (its members' run specs)")
+    sp.add_argument("--task", help="a task of --config whose train.pack holds for --arch")
+    sp.add_argument("--arch", help="an architecture of that task")
+    sp.add_argument("--quiet", action="store_true", help="no progress bar")
+    sp.add_argument("--code", help="the digest of the pack's code the workflow planned it with (it fails if the "
+                    "checkout's differs); default: this checkout's")
+
+
+def _add_plan(sub) -> None:
     sp = _add(sub, "plan", cmd_plan, "what the study costs (runs, tokens, FLOPs, memory, H100 hours) and what "
               "would fail at its shapes")
     sp.add_argument("--mfu", type=float, default=0.05, help="assumed model FLOP utilisation (default 0.05)")
@@ -139,10 +152,18 @@ def _add_summaries(sub) -> None:
                     help="a directory with gpu-check's train_probe.csv: measured step times for the points it has, "
                          "extrapolated by FLOPs for the others (default: results/bench/nvidia-h100-80gb-hbm3, the "
                          "H100's; '' for none)")
+    sp.add_argument("--pack-counts", default=None,
+                    help="the time model's launch counts, from which a seed pack's step time is predicted (default: "
+                         "results/bench/time_model/counts.json; '' for none: packs cost their runs' unpacked time)")
     sp.add_argument("--out", help="also write the table as CSV here")
     sp.add_argument("--markdown", help="also write the Markdown table here")
     sp.add_argument("--no-local-checks", action="store_true", help="skip the checks of this machine (GPU, memory)")
     sp.add_argument("--quiet", action="store_true")
+
+
+def _add_summaries(sub) -> None:
+    """The commands that plan, summarise or describe a study rather than run its jobs."""
+    _add_plan(sub)
 
     sp = _add(sub, "benchmarks", cmd_benchmarks, "time and peak memory of every job of a DAG run, per rule "
               "(Snakemake's benchmark files)", config=False)
@@ -173,6 +194,8 @@ def _add_summaries(sub) -> None:
     sp.add_argument("--made-by", default=None, help="the command that ran the study, for meta.json (e.g. 'make paper-headline')")
     sp.add_argument("--commit", default=None, help="the commit the runs were made at, where their provenance has none "
                     "(a checkout copied without .git); never overrides theirs")
+    sp.add_argument("--partial", action="store_true", help="record the runs that finished and name the others in "
+                    "meta.json's unfinished (a GPU call that ran out of time); refused only when none finished")
 
     sp = _add(sub, "fingerprint", cmd_fingerprint,
               "a few training steps of every catalogued mixer on one thread under the study's numerics: the hash "

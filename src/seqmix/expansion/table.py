@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from seqmix import REPO_ROOT, catalogue
+from seqmix.errors import ConfigError
 from seqmix.expansion.validate import mixer_options, settings_of
 from seqmix.io import read_json
 from seqmix.mixers import mixer_class
@@ -33,6 +34,7 @@ from seqmix.study.jobs import (
     CopyProbeJob,
     DataJob,
     GeometryJob,
+    PackJob,
     SparsityJob,
     ThroughputJob,
     TokenizerJob,
@@ -41,6 +43,8 @@ from seqmix.study.jobs import (
 from seqmix.study.settings import Budget, Study, TaskCommon, TrainSettings
 from seqmix.study.sweep import sweep_points
 from seqmix.tasks import task_class
+
+PACK_STEP = "seqmix.train.pack"  # what trains a pack (seqmix.train.pack.STEP; this module imports no torch)
 
 
 class Run(NamedTuple):
@@ -125,13 +129,28 @@ class Expansion:
             numerics=study.numerics, profile=study.profile, task=found.name, kind=found.kind, group=found.group, axes=found.axes, arch=arch,
             seed=int(seed), run_dir=str(self.run_dir(Run(task, arch, seed))),
             data_dir=str(self.data_dir(found.group)), tokenizer_dir=str(self.tokenizer_dir),
-            data=study.data, tokenizer=study.tokenizer, train=found.section.train,
+            data=study.data, tokenizer=study.tokenizer,
+            train=found.section.train.model_copy(update={"pack": found.section.train.pack_for(arch)}),
             # The block and positions this architecture trains with, resolved and recorded.
             model=found.section.model.model_copy(update={"block": found.section.model.block_for(arch),
                                                          "positions": found.section.model.positions_for(arch)}),
             mixer_options=self._mixer_options(found.section, arch),
             settings=settings_of(found.kind, found.section).model_dump(mode="json"),
         )
+
+    @functools.cached_property
+    def packs(self) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+        """(task, arch, seeds) of every seed pack: the seeds of an architecture on a task whose
+        ``train.pack`` holds for it train as one job (seqmix.train.pack), in the study's order."""
+        return tuple((task.name, arch, seeds) for task in self.tasks.values() for arch, seeds in task.seeds.items()
+                     if seeds and task.section.train.pack_for(arch))
+
+    def pack_job(self, task: str, arch: str) -> PackJob:
+        """The seed pack of ``arch`` on ``task``; a ConfigError where it does not pack."""
+        if not any(p[:2] == (task, arch) for p in self.packs):
+            raise ConfigError(f"{arch} on {task!r} does not train as a seed pack (config key "
+                              f"'tasks.{self.task(task).group}.train.pack'); train its seeds with `seqmix train`")
+        return PackJob(specs=[self.run_spec(task, arch, seed) for seed in self.task(task).seeds[arch]])
 
     @functools.cached_property
     def arch_specs(self) -> tuple[TrainJob, ...]:
@@ -335,7 +354,10 @@ def job_code(expansion: Expansion) -> dict[str, Any]:
         **({"copy_probe": ["seqmix.analysis.copy_probe", catalogue.task_entry(probe.kind).path.partition(":")[0],
                            *mixers(expansion.copy_probe_architectures)]} if probe else {}),
     }
+    packed = sorted({(arch, expansion.tasks[task].kind) for task, arch, _ in expansion.packs})
     return {
+        # A pack's code: its run's and seqmix.train.pack (only in a study that packs)
+        **({"train_pack": {f"{a} {k}": code(run_modules(a, k, PACK_STEP)) for a, k in packed}} if packed else {}),
         "tokenizer": code(["seqmix.data.tokenizer"]),
         "data": {g: code([catalogue.task_entry(catalogue.kind_of(g)).path.partition(":")[0]]) for g in expansion.groups},
         "train": {f"{a} {k}": code(run_modules(a, k)) for a, k in pairs},
@@ -368,6 +390,10 @@ def job_table(expansion: Expansion) -> dict[str, Any]:
         "tasks": tasks,
         "runs": [{"task": r.task, "arch": r.arch, "seed": r.seed, "spec": expansion.run_spec(*r).model_dump_json()}
                  for r in expansion.runs],
+        # Seed packs (only in a study that packs): their runs are in "runs" too, trained by the pack's job
+        **({"packs": [{"task": task, "arch": arch, "seeds": list(seeds), "name": job.name, "spec": job.model_dump_json()}
+                      for task, arch, seeds in expansion.packs for job in [expansion.pack_job(task, arch)]]}
+           if expansion.packs else {}),
         "analyses": {
             "collect": {"spec": collect.model_dump_json(), "run_dirs": collect.run_dirs},
             "complexity": {"spec": expansion.complexity_job().model_dump_json()},

@@ -154,6 +154,31 @@ def _cross_checks(study: Study) -> list[str]:
     for name, section in study.tasks.items():
         problems += sweep_problems(name, section)
         problems += _task_mixer_problems(study, name, section)
+        problems += _pack_problems(study, name, section)
+    return problems
+
+
+def _pack_problems(study: Study, name: str, section: TaskCommon) -> list[str]:
+    """``train.pack`` only where every packed run can be vectorised: its mixer's and task's
+    ``packable`` (seqmix.train.pack refuses them at step 0 otherwise, after the DAG started)."""
+    kind, problems = catalogue.kind_of(name), []
+    sections = [section, *(at for _, _, at in sweep_points(section))]
+    if not any(s.train.pack is not False for s in sections):
+        return problems
+    where = f"config key 'tasks.{name}.train.pack'"
+    archs = section.architectures or study.architectures
+    if task_class(kind).is_language_model:
+        archs = [a for a in archs if mixer_class(a).supports_causal]
+    packed = [a for a in archs if any(s.train.pack_for(a) for s in sections)]
+    if packed and task_class(kind).packable is not True:
+        problems.append(f"{where}: a {kind} task cannot train in seed packs: {task_class(kind).packable}; "
+                        "set it false")
+        return problems
+    for arch in packed:
+        reason = mixer_class(arch).packable
+        if reason is not True:
+            problems.append(f"{where}: {arch} cannot train in a seed pack: {reason}; set it false for {arch} "
+                            f"(pack: {{default: true, {arch}: false}})")
     return problems
 
 

@@ -625,8 +625,20 @@ def eval_recorded(res: Results, claim: AnyClaim, recordings: list[Recording]) ->
         return dataclasses.replace(result, why=f"{result.why} (this profile's runs: {said})")
     rec = RecordedResults(pick)
     result = evaluate(rec, task_in_profile(rec, claim))
-    return dataclasses.replace(result, measured_on=f"recorded on {pick.describe()} ({pick.name}): {result.measured_on}",
-                               why="; ".join([result.why, *refused]))
+    return dataclasses.replace(result, measured_on=f"recorded on {pick.describe()} ({pick.name}): {result.measured_on}"
+                               + partial_note(pick, result), why="; ".join([result.why, *refused]))
+
+
+def partial_note(pick: Recording, result: ClaimResult) -> str:
+    """Where the recording is partial (a GPU call that ran out of time: meta.json's
+    ``unfinished``), how many seeds decided the claim (those that finished for every
+    architecture it compares) and which runs did not finish; "" for a whole recording."""
+    unfinished = pick.meta.get("unfinished") or []
+    if not unfinished:
+        return ""
+    n = len(result.values)
+    return (f"; partial recording: decided by {n} seed{'s' if n != 1 else ''} ({len(unfinished)} run"
+            f"{'s' if len(unfinished) != 1 else ''} unfinished: {', '.join(unfinished)})")
 
 
 def evaluate_claims(claims_path: str | Path, results_dir: str | Path,

@@ -157,6 +157,8 @@ class Jobs:
         self.report: str = table["paths"]["report"]  # the study's own report folder (Expansion.report_dir)
         self._runs = {(r["task"], r["arch"], str(r["seed"])): r for r in table["runs"]}
         self._sparsity = {(r["task"], r["arch"], str(r["seed"])): r for r in table["sparsity_runs"]}
+        # Seed packs by "<task>/<arch>" (the train_pack rules' wildcard), in the study's order
+        self._packs = {f"{p['task']}/{p['arch']}": p for p in table.get("packs", [])}
 
     # -- names and paths ---------------------------------------------------------------------
 
@@ -171,6 +173,11 @@ class Jobs:
     def run_file(self, name: str, task: str = "{task}", arch: str = "{arch}", seed: str | int = "{seed}") -> str:
         run = self.table["paths"]["run"].replace("{task}", task).replace("{arch}", arch)
         return f"{run.replace('{seed}', str(seed))}/{name}"
+
+    def pack_file(self, name: str, seed: int) -> str:
+        """That file of seed ``seed``'s run of the pack ``{pack}`` (``<task>/<arch>``, the
+        train_pack rules' one wildcard): ``run_file``'s path, whatever the pack's task."""
+        return self.run_file(name, seed=seed).replace("{task}/{arch}", "{pack}")
 
     def run_files(self, name: str, run_dirs: list[str] | None = None) -> list[str]:
         """That file of every run (in the study's order), or of each of ``run_dirs``."""
@@ -213,6 +220,18 @@ class Jobs:
     def run_spec(self, task: str, arch: str, seed: str | int) -> str:
         return self._runs[(task, arch, str(seed))]["spec"]
 
+    def pack_groups(self) -> dict[tuple[int, ...], list[str]]:
+        """The study's seed packs (``<task>/<arch>``) by their members' seeds: one train_pack
+        rule per seeds, whose outputs are those seeds' run files (workflow/rules/train.smk)."""
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for name, pack in self._packs.items():
+            groups.setdefault(tuple(pack["seeds"]), []).append(name)
+        return groups
+
+    def pack(self, name: str) -> dict[str, Any]:
+        """A seed pack by ``<task>/<arch>``: its task, arch, seeds, name and spec (a PackJob)."""
+        return self._packs[name]
+
     def spec(self, analysis: str) -> str:
         """The spec of a one-job analysis: collect, complexity, throughput,
         sparsity_analytic, geometry or copy_probe."""
@@ -234,11 +253,11 @@ class Jobs:
 
     def code(self, job: str, name: str | None = None, arch: str | None = None) -> dict[str, Any]:
         """A job's code (seqmix.sources.code_of): ``{"files": [...], "digest": ...}``. ``job``:
-        ``train`` or ``eval`` of a run (``name`` its task), ``data`` of a group (``name``),
+        ``train``, ``eval`` or ``train_pack`` of a run (``name`` its task), ``data`` of a group (``name``),
         ``tokenizer``, ``notebook`` (``name``) or an analysis by name (collect, concat,
         complexity, throughput, sparsity_run, sparsity_analytic, geometry, copy_probe)."""
         code = self.table["code"]
-        if job in ("train", "eval"):
+        if job in ("train", "eval", "train_pack"):
             return code[job][f"{arch} {catalogue.kind_of(name)}"]
         if job in ("data", "notebook"):
             return code["data" if job == "data" else "notebooks"][name]
@@ -257,6 +276,9 @@ class Jobs:
         training and evaluation take their task's own where it sets them."""
         if rule in ("train", "eval"):
             return {k: (lambda w, k=k: self.table["tasks"][w.task]["resources"][rule][k]) for k in ("mem_mb", "runtime")}
+        if rule == "train_pack":  # a pack's task's train resources (the wildcard is <task>/<arch>)
+            return {k: (lambda w, k=k: self.table["tasks"][self.pack(w.pack)["task"]]["resources"]["train"][k])
+                    for k in ("mem_mb", "runtime")}
         return dict(self.table["resources"][rule])
 
     def setting(self, key: str) -> Any:

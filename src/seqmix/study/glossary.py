@@ -71,4 +71,8 @@ A module of its own that nothing imports, so that editing a definition is no run
 - numerics: which code path each CPU library takes (``portable`` pins them, ``native`` lets
   the host choose: ``seqmix.numerics``); the *fingerprint* is the hash of every mixer's weights
   after a few steps under them (``seqmix.fingerprint``).
+- pack (seed pack): the seeds of one (task, architecture) trained in one process as one
+  vectorised model (``seqmix.train.pack``), where the task's ``train.pack`` says so; one job
+  (``PackJob``, rule ``train_pack``) whose members each write their single run's files. A
+  mixer or task that cannot be vectorised (its ``packable``) is refused, never unpacked silently.
 """

@@ -79,6 +79,19 @@ class TrainJob(Section):
         return f"{self.task}/{self.arch}/seed{self.seed}"
 
 
+class PackJob(Section):
+    """The seeds of one run configuration trained as one seed pack (seqmix.train.pack): each
+    member's spec, in seed order, equal but for seed and run directory."""
+
+    specs: list[TrainJob]
+
+    @property
+    def name(self) -> str:
+        """``<task>/<arch>/pack<seeds joined by ->``: its log's and benchmark's name."""
+        first = self.specs[0]
+        return f"{first.task}/{first.arch}/pack{'-'.join(str(s.seed) for s in self.specs)}"
+
+
 class CollectJob(Section):
     """Gathering runs into runs.csv and breakdown.csv, one row per run in this order."""
 

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from seqmix import catalogue, numerics
 
@@ -168,6 +176,29 @@ class TrainSettings(Section):
     threads: int | None = Field(None, ge=1, description="torch CPU threads per job; null = torch's default")
     reference_mixers: bool = Field(False, description="force the plain PyTorch mixers even where a Triton kernel exists")
     compile: bool = Field(False, description="a training step that is not launch-bound: torch.compile of the whole loss computation (CUDA graphs on a GPU) and fused AdamW; the first step runs eagerly. Losses equal eager ones up to float rounding (seqmix/train/step.py)")
+    pack: bool | dict[str, bool] = Field(
+        False,
+        description="train the seeds of each architecture in one process as one vectorised model (a seed pack, "
+                    "seqmix/train/pack.py: one launch-bound GPU step for all of them; slower on a CPU, "
+                    "docs/investigations/seed-packs.md), for all architectures or per architecture {<arch>: true|false, default: ...}; "
+                    "refused for mixers and tasks that cannot be vectorised. Written into a run's spec only when true, "
+                    "so that an unpacked run's spec, config.json and identity are those it had before packs existed")
+
+    @field_validator("pack")
+    @classmethod
+    def _pack_architectures(cls, v):
+        return _architecture_keys(v, "train.pack")
+
+    @model_serializer(mode="wrap")
+    def _pack_only_when_set(self, handler):
+        data = handler(self)
+        if self.pack is False:  # an unpacked run's spec stays what it was before packs (field description)
+            data.pop("pack", None)
+        return data
+
+    def pack_for(self, arch: str) -> bool:
+        """Whether ``arch`` trains its seeds as one pack under these settings."""
+        return bool(for_architecture(self.pack, arch, False))
 
     @field_validator("betas")
     @classmethod

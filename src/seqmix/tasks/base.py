@@ -43,6 +43,9 @@ class Task:
     # shorter length, batch 1) or "all" (any shorter length at any batch size); what the
     # kernel compile check must compile for
     shorter_batches: ClassVar[dict[str, str]] = {}
+    # Whether its runs can train as a seed pack (seqmix.train.pack stacks the members' batches):
+    # True, or the reason they cannot, which validation names for `train.pack`
+    packable: ClassVar[bool | str] = True
 
     # -- data (before any run) --------------------------------------------------------------
 

@@ -36,6 +36,7 @@ class SNLI(Task):
     scored_unit = "examples"
     length_key = "max_sentence_tokens"
     shorter_batches = {"train": "all", "eval": "all"}  # every batch is padded to its longest pair (collate)
+    packable = "every batch is padded to its own longest pair, so the members' batches differ in shape"
 
     @classmethod
     def prepare(cls, job: DataJob) -> dict:
