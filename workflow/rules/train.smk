@@ -24,6 +24,7 @@ rule train:
         log_csv=run_file("log.csv"),
         provenance=run_file("provenance.json"),
         config=run_file("config.json"),
+        hashes=run_file("hashes.json"),
     params:
         spec=lambda w: JOBS.run_spec(w.task, w.arch, w.seed),
         # The digest of the code that trains it (its mixer's and task's modules, the training
