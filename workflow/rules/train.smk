@@ -72,9 +72,11 @@ rule eval:
 rule collect:
     input:
         runs=JOBS.run_files("metrics.json") + JOBS.run_files("eval.json"),
+        recorded=JOBS.recorded_files(),  # of the studies `recordings` names: their runs are rows too
     output:
         runs=f"{RESULTS}/summary/runs.csv",
         breakdown=f"{RESULTS}/summary/breakdown.csv",
+        recordings=f"{RESULTS}/summary/recordings.json",
     params:
         spec=lambda w: JOBS.spec("collect"),
         code=JOBS.code_digest("collect"),  # the code that makes the rows: a column added there rewrites runs.csv

@@ -84,11 +84,13 @@ def cmd_jobs(args) -> int:
 def cmd_collect(args) -> int:
     from seqmix.expansion.table import Expansion
     from seqmix.report.collect import collect
+    from seqmix.report.recorded import recorded_runs
     from seqmix.study.jobs import CollectJob
 
     job = job_of(args, CollectJob, Expansion.collect_job)
     breakdown = Path(args.breakdown_out or Path(args.out).with_name("breakdown.csv"))
-    n = collect([Path(d) for d in job.run_dirs], Path(args.out), breakdown)
+    recorded, accounts = recorded_runs(job.run_dirs, job.recordings)
+    n = collect([Path(d) for d in job.run_dirs], Path(args.out), breakdown, recorded, accounts)
     print(f"wrote {n} runs to {args.out} and their breakdowns to {breakdown}")
     return 0
 
