@@ -242,6 +242,16 @@ def cmd_record(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    from seqmix.report.verify import verify_all
+
+    recordings = args.recording or study_of(args).recordings
+    if not recordings:
+        raise ConfigError(f"no recording to verify: {args.config} names none (its key `recordings`); give one "
+                          "(python -m seqmix verify results/recorded/<profile>/<device>-<date>)")
+    return verify_all(recordings, args.run, args.budget, args.scratch, out=lambda line: print(line, flush=True))
+
+
 def cmd_mixers(args) -> int:
     from seqmix.io import write_text
     from seqmix.report import mixer_table
