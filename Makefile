@@ -27,7 +27,7 @@ SNAKEMAKE = snakemake --profile workflow/executors/local --cores $(CORES) --reso
 # A study's report folder (<results_dir>/report: figures, tables, report.pdf, report.html).
 report_dir = $$(python -m seqmix where report --config $(1))
 
-.PHONY: install latex report report-timings readme-results paper paper-smoke paper-headline paper-headline-runs paper-headline-smoke plan docs-blocks test test-all \
+.PHONY: install latex report report-timings readme-results paper paper-smoke paper-headline paper-headline-runs paper-headline-smoke plan docs-blocks test test-all verify \
 	lint clean help gpu-check gpu-check-smoke gpu-wheels gpu-data
 
 help:
@@ -43,6 +43,7 @@ help:
 	@echo "make gpu-check    on a GPU: kernels, kernel bench, step times, a training run -> results/bench/<gpu>/ (<= 8 min)"
 	@echo "make gpu-wheels   the wheels a GPU machine without a package registry installs (.gpu-wheels/)"
 	@echo "make gpu-data     WikiText-2 and the headline study's prepared data for a GPU machine (.gpu-data/, data/paper-headline/)"
+	@echo "make verify       a sample of the recorded runs config/config.yaml reads, trained again here and compared bit for bit (<= 10 min)"
 	@echo "make test         run the test suite"
 	@echo "make kernels-compile-check  compile every Triton kernel for sm_80/sm_90 with Triton 3.6.0 (no GPU)"
 	@echo "make lint         ruff check, snakemake --lint and shellcheck of the shell scripts"
@@ -81,6 +82,14 @@ readme-results: install
 	python -m tools.readme_results --config config/config.yaml --images docs/results \
 		--markdown results/readme-results.md
 	python -m tools.docs README.md results/readme-results.md
+
+# Recorded runs trained again on this host and compared byte for byte with the recorded ones
+# (python -m seqmix verify): a sample whose recorded times fit VERIFY_BUDGET seconds, least
+# verified first, of RECORDING (a recording's directory or a profile; default: every recording
+# config/config.yaml's `recordings` names). Each verification is kept beside its recording.
+VERIFY_BUDGET ?= 600
+verify: install
+	python -m seqmix verify $(RECORDING) --config config/config.yaml --budget $(VERIFY_BUDGET)
 
 paper: install latex
 	$(SNAKEMAKE) --configfile config/paper.yaml

@@ -29,7 +29,7 @@ from tests.helpers import assert_same_run, digest, log_rows, run_spec_in, withou
 SEEDS = (0, 1, 2)
 SHORT = dict(steps=6, checkpoint_every=3, eval_every=3, log_every=1)
 KILL = dict(steps=10, checkpoint_every=3, eval_every=4, log_every=2)
-FILES = ["checkpoints", "checkpoints/final.pt", "config.json", "log.csv", "metrics.json", "model.pt",
+FILES = ["checkpoints", "checkpoints/final.pt", "config.json", "hashes.json", "log.csv", "metrics.json", "model.pt",
          "provenance.json", "train.lock"]
 
 

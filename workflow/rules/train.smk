@@ -24,6 +24,7 @@ rule train:
         log_csv=run_file("log.csv"),
         provenance=run_file("provenance.json"),
         config=run_file("config.json"),
+        hashes=run_file("hashes.json"),
     params:
         spec=lambda w: JOBS.run_spec(w.task, w.arch, w.seed),
         # The digest of the code that trains it (its mixer's and task's modules, the training
@@ -63,7 +64,7 @@ for _seeds, _packs in PACKS.items():
             data=lambda w: JOBS.data_file("manifest.json", JOBS.group_of(JOBS.pack(w.pack)["task"])),
         output:
             [JOBS.pack_file(f, s) for s in _seeds
-             for f in ("metrics.json", "model.pt", "log.csv", "provenance.json", "config.json")],
+             for f in ("metrics.json", "model.pt", "log.csv", "provenance.json", "config.json", "hashes.json")],
         wildcard_constraints:
             pack=_alternatives(_packs),
         params:
@@ -112,9 +113,11 @@ rule eval:
 rule collect:
     input:
         runs=JOBS.run_files("metrics.json") + JOBS.run_files("eval.json"),
+        recorded=JOBS.recorded_files(),  # of the studies `recordings` names: their runs are rows too
     output:
         runs=f"{RESULTS}/summary/runs.csv",
         breakdown=f"{RESULTS}/summary/breakdown.csv",
+        recordings=f"{RESULTS}/summary/recordings.json",
     params:
         spec=lambda w: JOBS.spec("collect"),
         code=JOBS.code_digest("collect"),  # the code that makes the rows: a column added there rewrites runs.csv

@@ -101,11 +101,13 @@ def cmd_jobs(args) -> int:
 def cmd_collect(args) -> int:
     from seqmix.expansion.table import Expansion
     from seqmix.report.collect import collect
+    from seqmix.report.recorded import recorded_runs
     from seqmix.study.jobs import CollectJob
 
     job = job_of(args, CollectJob, Expansion.collect_job)
     breakdown = Path(args.breakdown_out or Path(args.out).with_name("breakdown.csv"))
-    n = collect([Path(d) for d in job.run_dirs], Path(args.out), breakdown)
+    recorded, accounts = recorded_runs(job.run_dirs, job.recordings)
+    n = collect([Path(d) for d in job.run_dirs], Path(args.out), breakdown, recorded, accounts)
     print(f"wrote {n} runs to {args.out} and their breakdowns to {breakdown}")
     return 0
 
@@ -257,6 +259,16 @@ def cmd_record(args) -> int:
                   expansion=expansion_of(args))
     print(f"recorded {args.config}'s runs in {dest}")
     return 0
+
+
+def cmd_verify(args) -> int:
+    from seqmix.report.verify import verify_all
+
+    recordings = args.recording or study_of(args).recordings
+    if not recordings:
+        raise ConfigError(f"no recording to verify: {args.config} names none (its key `recordings`); give one "
+                          "(python -m seqmix verify results/recorded/<profile>/<device>-<date>)")
+    return verify_all(recordings, args.run, args.budget, args.scratch, out=lambda line: print(line, flush=True))
 
 
 def cmd_mixers(args) -> int:

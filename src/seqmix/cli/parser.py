@@ -26,6 +26,7 @@ from seqmix.cli.commands import (
     cmd_throughput,
     cmd_train,
     cmd_train_pack,
+    cmd_verify,
     cmd_where,
 )
 from seqmix.study.profile import DEFAULT_CONFIG
@@ -93,6 +94,19 @@ def _add_analyses(sub) -> None:
     sp.add_argument("--quiet", action="store_true")
 
 
+def _add_verify(sub) -> None:
+    sp = _add(sub, "verify", cmd_verify, "train recorded runs again on this host and compare their weights' hash, "
+              "log.csv and eval.json byte for byte with the recorded ones (portable recordings only)")
+    sp.add_argument("recording", nargs="*", help="a recording: its directory, <profile>/<device>-<date> under "
+                    "results/recorded, or a profile (its newest recording); default: each recording --config's "
+                    "`recordings` names")
+    sp.add_argument("--run", help="only this run, <task>/<arch>/seed<k>")
+    sp.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                    help="a sample of the runs whose recorded times fit in SECONDS (all recordings together), "
+                    "least verified first")
+    sp.add_argument("--scratch", default=None, help="where to train them (default: the system's temporary folder)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m seqmix", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
@@ -127,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--overrides", help="config keys over the file's, as a JSON object (snakemake's --config)")
 
     _add_summaries(sub)
+    _add_verify(sub)
     _add_analyses(sub)
     _add_copy_probe(sub)
     return p

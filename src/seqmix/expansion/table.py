@@ -180,7 +180,7 @@ class Expansion:
         return {arch: options for arch, options in self.study.mixers.items() if arch in archs}
 
     def collect_job(self) -> CollectJob:
-        return CollectJob(run_dirs=[str(self.run_dir(r)) for r in self.runs])
+        return CollectJob(run_dirs=[str(self.run_dir(r)) for r in self.runs], recordings=self.study.recordings)
 
     def complexity_job(self) -> ComplexityJob:
         archs = list(self.complexity_architectures)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from seqmix import numerics
-from seqmix.io import read_json, write_rows
+from seqmix.io import read_json, write_json, write_rows
 from seqmix.sources import changed
 
 
@@ -69,6 +69,7 @@ class RunRow(TypedDict):
     dirty: bool | None  # with uncommitted changes in that checkout
     code_changed: str  # its recorded sources that differ in this checkout now, space-separated; "?" unrecorded
     run_dir: str
+    recording: str  # the recording it was read from (<profile>/<device>-<date>); "" for the study's own runs
 
 
 class BreakdownRow(TypedDict):
@@ -88,7 +89,7 @@ class BreakdownRow(TypedDict):
     scored: int  # scored units at that value
 
 
-def run_row(run_dir: Path) -> RunRow:
+def run_row(run_dir: Path, recording: str = "") -> RunRow:
     m = read_json(run_dir / "metrics.json")
     e = read_json(run_dir / "eval.json")
     cfg = read_json(run_dir / "config.json")
@@ -113,7 +114,7 @@ def run_row(run_dir: Path) -> RunRow:
         "train_complete": splits[m["train_split"]]["complete"],
         "eval_data": splits[m["eval_split"]]["description"], "test_data": splits[m["test_split"]]["description"],
         "tokenizer": tok.get("description", ""), "device": m["device"], **numerics_of(prov),
-        "wall_time_s": m["wall_time_s"], **code_of(prov), "run_dir": str(run_dir),
+        "wall_time_s": m["wall_time_s"], **code_of(prov), "run_dir": str(run_dir), "recording": recording,
     }
 
 
@@ -198,11 +199,20 @@ def breakdown_rows(run_dir: Path, row: RunRow) -> list[BreakdownRow]:
             for value, counts in table.items()]
 
 
-def collect(run_dirs: list[Path], out: Path, breakdown_out: Path | None = None) -> int:
-    """runs.csv (and breakdown.csv) of ``run_dirs``; returns the number of runs."""
-    rows = [run_row(Path(d)) for d in run_dirs]
+def collect(run_dirs: list[Path], out: Path, breakdown_out: Path | None = None,
+            recorded: list[tuple[Path, str]] = (), accounts: list[dict] = ()) -> int:
+    """runs.csv (and breakdown.csv) of ``run_dirs``, then of the ``recorded`` runs (run
+    directory, the recording it is read from: seqmix.report.recorded.recorded_runs), and
+    ``accounts`` (what was read of each recording) in recordings.json beside runs.csv
+    (RECORDINGS). Returns the number of rows."""
+    dirs = [Path(d) for d in run_dirs] + [Path(d) for d, _ in recorded]
+    rows = [run_row(d) for d in run_dirs] + [run_row(Path(d), name) for d, name in recorded]
     write_rows(out, rows, RunRow)
+    write_json(Path(out).with_name(RECORDINGS), list(accounts))
     if breakdown_out is not None:
-        parts = [breakdown_rows(Path(d), r) for d, r in zip(run_dirs, rows)]
+        parts = [breakdown_rows(d, r) for d, r in zip(dirs, rows)]
         write_rows(breakdown_out, [b for part in parts for b in part], BreakdownRow)
     return len(rows)
+
+
+RECORDINGS = "recordings.json"  # beside runs.csv: each recording the study reads, its accepted runs and refusals

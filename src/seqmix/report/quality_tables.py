@@ -222,6 +222,24 @@ def curves_title(runs: pd.DataFrame, task: str, whose: str) -> str:
             f"{int(mine.steps_planned.max()):,} steps, {seeds} seed{'s' if seeds != 1 else ''}")
 
 
+def recordings_macros(summary_dir: str | Path) -> dict[str, str]:
+    """``qRecordings``: the recorded studies whose runs this report reads as its own (the
+    study's ``recordings``; seqmix.report.collect.RECORDINGS): each one's device, date and
+    commit, how many of its runs count, where and when it was last verified, and one line per
+    run left out with why ("" when the study reads none)."""
+    path = Path(summary_dir) / "recordings.json"
+    accounts = json.loads(path.read_text()) if path.is_file() else []
+    parts = []
+    for a in accounts:
+        if a["recording"] is None:
+            parts.append(f"{a['refused'][0]}.")
+            continue
+        parts.append(f"Runs recorded by study {a['profile']} ({a['recording']}: {a['made']}): {a['accepted']} "
+                     f"read as this study's own; {a['verified']}.")
+        parts += [f"{line}." for line in a["refused"]]
+    return {"recordings": escape(" ".join(parts))}
+
+
 def recorded_macros(recordings: list[Recording], recorded_dir: str | Path) -> dict[str, str]:
     """``qRecorded``: the recorded study the figure draws (device, date, commit) or why none,
     and every recorded run refused with its reason (the figure's caption); ``qRecordedDrawn``:

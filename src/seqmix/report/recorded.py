@@ -5,21 +5,29 @@ A GPU reaches this project by chance and for minutes; the runs it makes are kept
 (``python -m seqmix record``) under ``results/recorded/<profile>/<device>-<date>/``:
 
     meta.json                                how they were made (study, commit, device, host,
-                                             date, command, each run's wall time and status)
+                                             date, command, each run's wall time, status and
+                                             numerics) and every file's sha256
     runs/<task>/<arch>/seed<k>/              each run's RUN_FILES, no weights
 
-A report cannot rerun them, so it checks them: a recorded run is accepted only where its
-``config.json`` is the run spec the headline study's config (HEADLINE_CONFIG) resolves to at
-this checkout, keys that say where files were (LOCATION_KEYS) aside. Any other run is
-refused with one line naming it and the first difference, and left out of the report, which
-prints that line where the run would have counted (the claims row, the figure's caption):
-a report whose config moved on since the GPU run still builds, and says what it left out.
+A study names the recorded studies its report reads (``recordings: [<profile>, ...]``:
+the newest recording of each, ``read_named``); the headline's claims marked ``runs: recorded``
+read the headline study's (``read_recordings``). One rule accepts a recorded run for either
+(``check``): its files are those meta.json's sha256 names, and its ``config.json`` and its
+code digest (provenance.json) are what its study's config (config/<profile>.yaml; the
+headline's: HEADLINE_CONFIG) resolves to at this checkout, keys that say where files were
+(LOCATION_KEYS) aside. Any other run is refused with one line naming it and the first
+difference, and left out of the report, which prints that line where the run would have
+counted: a report whose config or code moved on since the recording still builds, and says
+what it left out. ``python -m seqmix verify`` trains recorded runs again
+(seqmix.report.verify) and keeps what it found beside the recording (VERIFICATIONS), which
+the report states.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import os
 import shutil
@@ -39,7 +47,7 @@ if TYPE_CHECKING:  # pandas only where a report reads recordings: `record` runs 
 # are checked against. Tests and notebooks pass another path where they need one.
 HEADLINE_CONFIG = REPO_ROOT / "config" / "paper-headline.yaml"
 RECORDED_DIR = REPO_ROOT / "results" / "recorded"  # committed, beside results/bench/
-RUN_FILES = ("config.json", "metrics.json", "eval.json", "log.csv", "provenance.json")
+RUN_FILES = ("config.json", "metrics.json", "eval.json", "log.csv", "provenance.json", "hashes.json")
 # Keys of a run spec that say where its files were, not what was run: a checkout on a GPU
 # machine has other paths than the one building the report.
 LOCATION_KEYS = ("run_dir", "data_dir", "tokenizer_dir", "data.dir", "data.mirror")
@@ -87,6 +95,8 @@ def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
         (tmp / "runs" / name).mkdir(parents=True)
         for f in RUN_FILES:
             shutil.copy2(d / f, tmp / "runs" / name / f)
+    # Every recorded file's sha256: a recording altered after the fact is refused naming the file.
+    meta["sha256"] = {f"runs/{name}/{f}": sha256_file(tmp / "runs" / name / f) for name in dirs for f in RUN_FILES}
     write_json(tmp / "meta.json", meta)
     # The whole recording appears at once; one of the same study, device and day is replaced.
     old = dest.with_name(f".{dest.name}.old.{os.getpid()}")
@@ -97,6 +107,25 @@ def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
     return dest
 
 
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def altered(recording: Path, meta: dict) -> dict[str, str]:
+    """{file: what is wrong} of the recording's files that are not those meta.json's sha256
+    names (changed, missing, or not recorded), relative to the recording; {} for a recording
+    made before files were hashed (it has no ``sha256``: nothing to check against)."""
+    sums = meta.get("sha256")
+    if sums is None:
+        return {}
+    found = {str(p.relative_to(recording)) for p in (recording / "runs").rglob("*") if p.is_file()}
+    out = {f: "missing" for f in sums if f not in found}
+    out |= {f: "not in meta.json's sha256 (added after recording)" for f in sorted(found - set(sums))}
+    out |= {f: "its sha256 is not the one meta.json records (altered after recording)"
+            for f in sorted(found & set(sums)) if sha256_file(recording / f) != sums[f]}
+    return dict(sorted(out.items()))
+
+
 def _one(values: Iterable[Any]) -> Any:
     """The value all runs share, else their distinct values joined (a study resumed elsewhere)."""
     distinct = {json.dumps(v): v for v in values}
@@ -105,6 +134,7 @@ def _one(values: Iterable[Any]) -> Any:
 
 def _meta(study, config, dirs: dict[str, Path], command: str, made_by: str | None, commit: str | None) -> dict:
     from seqmix.device import device_slug
+    from seqmix.report.collect import numerics_of
 
     prov = {name: read_json(d / "provenance.json") for name, d in dirs.items()}
     metrics = {name: read_json(d / "metrics.json") for name, d in dirs.items()}
@@ -125,6 +155,7 @@ def _meta(study, config, dirs: dict[str, Path], command: str, made_by: str | Non
         "made_by": made_by,
         "files": list(RUN_FILES),
         "runs": [{"run": name, "status": m["status"], "wall_time_s": m["wall_time_s"],
+                  "device": m.get("device"), "numerics": numerics_of(prov[name])["numerics"],
                   "steps_completed": m["steps_completed"], "params": m["params"],
                   "commit": prov[name]["git"]["commit"], "dirty": prov[name]["git"]["dirty"],
                   "compiled": prov[name].get("training_step", {}).get("compiled")}
@@ -169,43 +200,70 @@ def shown(path: str | os.PathLike) -> str:
     return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
 
-class Headline:
-    """The headline study's run specs, resolved from its config once (or why they cannot be)."""
+class Resolved:
+    """A study's run specs and code digests, resolved from its config at this checkout once
+    (or why they cannot be): what a recorded run of that study is checked against. ``noun``
+    names the study in refusals, ``fix`` says how to record it again."""
 
-    def __init__(self, config: str | os.PathLike):
+    def __init__(self, config: str | os.PathLike, noun: str = "the headline study",
+                 fix: str = "make paper-headline on a GPU"):
         from seqmix.expansion.table import expand
         from seqmix.expansion.validate import ConfigError, load_study
 
-        self.config, self.name = Path(config), shown(Path(config))
-        self.expansion, self.problem, self.runs = None, None, {}
+        self.config, self.name, self.noun, self.fix = Path(config), shown(Path(config)), noun, fix
+        self.expansion, self.problem, self.runs, self._code = None, None, {}, {}
         if not self.config.is_file():
-            self.problem = f"the headline study's config {self.name} does not exist in this checkout"
+            self.problem = f"{noun}'s config {self.name} does not exist in this checkout"
             return
         try:
             self.expansion = expand(load_study(self.config))
         except ConfigError as e:
-            self.problem = f"the headline study's config {self.name} is not valid ({e})"
+            self.problem = f"{noun}'s config {self.name} is not valid ({e})"
             return
         self.runs = {f"{r.task}/{r.arch}/seed{r.seed}": r for r in self.expansion.runs}
 
+    @classmethod
+    def of_profile(cls, profile: str, config_dir: str | os.PathLike) -> Resolved:
+        config = Path(config_dir) / f"{profile}.yaml"
+        return cls(config, f"study {profile}", f"run it and `python -m seqmix record --config {shown(config)}`")
+
+    def code_digest(self, arch: str, kind: str) -> str:
+        """The digest of the code that trains (arch, kind) at this checkout (seqmix.sources)."""
+        from seqmix.sources import code_of, run_modules
+
+        if (arch, kind) not in self._code:
+            self._code[arch, kind] = code_of(run_modules(arch, kind)).digest
+        return self._code[arch, kind]
+
     def refusal(self, run_dir: Path) -> str | None:
-        """Why the recorded run in ``run_dir`` is not a run of the headline study as its config
-        resolves now (None: it is)."""
+        """Why the recorded run in ``run_dir`` is not a run of the study as its config and code
+        resolve now (None: it is): its config.json, then its code digest."""
         if self.problem:
             return f"{self.problem}; restore it or record again"
         recorded = read_json(run_dir / "config.json")
         name = f"{recorded['task']}/{recorded['arch']}/seed{recorded['seed']}"
         if name not in self.runs:
-            return (f"{name} is not a run of the headline study ({self.name} runs {', '.join(self.runs)}); "
-                    "record that study again (make paper-headline on a GPU)")
+            return (f"{name} is not a run of {self.noun} ({self.name} runs {', '.join(self.runs)}); "
+                    f"record that study again ({self.fix})")
         current = self.expansion.run_spec(*self.runs[name]).model_dump(mode="json")
         found = first_difference(recorded, current)
-        if found is None:
+        if found is not None:
+            key, was, now = found
+            return (f"config.json is not {self.noun}'s run spec ({self.name} at this checkout): first at "
+                    f"{key}, recorded {_value(was)}, current {_value(now)}; record the study again at this commit "
+                    f"({self.fix}) or restore the config")
+        return self._code_refusal(run_dir, recorded)
+
+    def _code_refusal(self, run_dir: Path, recorded: dict) -> str | None:
+        from seqmix.sources import changed
+
+        code = read_json(run_dir / "provenance.json").get("code") or {}
+        now = self.code_digest(recorded["arch"], recorded["kind"])
+        if code.get("digest") == now:
             return None
-        key, was, now = found
-        return (f"config.json is not the headline study's run spec ({self.name} at this checkout): first at "
-                f"{key}, recorded {_value(was)}, current {_value(now)}; record the study again at this commit "
-                "(make paper-headline on a GPU) or restore the config")
+        files = changed(code.get("sources") or {})
+        return (f"its code digest {code.get('digest')} is not the one this checkout computes for it ({now}"
+                + (f"; changed: {' '.join(files)}" if files else "") + f"); record the study again ({self.fix})")
 
 
 def _value(v: Any) -> str:
@@ -241,11 +299,30 @@ class Recording:
 
         from seqmix.report.collect import RunRow, run_row
 
-        return pd.DataFrame([run_row(d) for d in self.accepted], columns=list(RunRow.__annotations__))
+        return pd.DataFrame([run_row(d, self.name) for d in self.accepted], columns=list(RunRow.__annotations__))
 
 
 def _run_dirs(recording: Path) -> Iterator[Path]:
     yield from sorted(p.parent for p in (recording / "runs").rglob("config.json"))
+
+
+def check(path: Path, resolved: Resolved) -> Recording:
+    """The recording at ``path`` with each run accepted or refused by the one rule: its files
+    are those meta.json's sha256 names, and its config.json and code digest are what
+    ``resolved``'s study resolves to at this checkout."""
+    meta = read_json(path / "meta.json")
+    bad = altered(path, meta)
+    where, accepted, refused = f"{path.parent.name}/{path.name}", [], []
+    for d in _run_dirs(path):
+        run = str(d.relative_to(path / "runs"))
+        mine = [f for f in bad if f.startswith(f"runs/{run}/")]
+        reason = (f"its {Path(mine[0]).name} is not the file recorded ({bad[mine[0]]}); record the study again"
+                  if mine else resolved.refusal(d))
+        if reason is None:
+            accepted.append(d)
+        else:
+            refused.append(Refusal(where, run, reason))
+    return Recording(path, meta, accepted, refused)
 
 
 def read_recordings(recorded_dir: str | os.PathLike = RECORDED_DIR,
@@ -255,18 +332,73 @@ def read_recordings(recorded_dir: str | os.PathLike = RECORDED_DIR,
     paths = [m.parent for m in Path(recorded_dir).glob("*/*/meta.json")]
     if not paths:
         return []
-    headline = Headline(headline_config)
-    out = []
-    for path in paths:
-        accepted, refused = [], []
-        for d in _run_dirs(path):
-            reason = headline.refusal(d)
-            if reason is None:
-                accepted.append(d)
+    headline = Resolved(headline_config)
+    return sorted((check(p, headline) for p in paths), key=lambda r: (r.meta["date"], r.name), reverse=True)
+
+
+def newest(profile: str, recorded_dir: str | os.PathLike = RECORDED_DIR) -> Path | None:
+    """The newest recording of ``profile`` (by its date, then name), None if there is none."""
+    paths = [m.parent for m in (Path(recorded_dir) / profile).glob("*/meta.json")]
+    return max(paths, key=lambda p: (read_json(p / "meta.json")["date"], p.name), default=None)
+
+
+def read_named(profiles: Iterable[str], recorded_dir: str | os.PathLike = RECORDED_DIR,
+               config_dir: str | os.PathLike = REPO_ROOT / "config") -> tuple[list[Recording], dict[str, str]]:
+    """The newest recording of each of ``profiles`` (a study's ``recordings``), each run
+    checked against config_dir/<profile>.yaml as it resolves now; and a line for each
+    profile with no recording at all, by profile."""
+    found, missing = [], {}
+    for profile in profiles:
+        path = newest(profile, recorded_dir)
+        if path is None:
+            missing[profile] = (f"no recording of study {profile} in {shown(Path(recorded_dir) / profile)}: run "
+                                f"config/{profile}.yaml and `python -m seqmix record --config config/{profile}.yaml`")
+        else:
+            found.append(check(path, Resolved.of_profile(profile, config_dir)))
+    return found, missing
+
+
+def recorded_runs(own: Iterable[str | os.PathLike], profiles: Iterable[str],
+                  **where) -> tuple[list[tuple[Path, str]], list[dict]]:
+    """The accepted runs of the newest recording of each of ``profiles`` (a study's
+    ``recordings``) as (run directory, recording) for runs.csv, a run the study trains itself
+    (one of ``own``, its run directories) refused: its own counts; and per profile what was
+    read (seqmix.report.collect.RECORDINGS): the recording, where and when it was made and last
+    verified, how many runs count, one line per run left out. ``where``: read_named's."""
+    found, missing = read_named(profiles, **where)
+    ids = {_run_id(read_json(Path(d) / "config.json")) for d in own} if found else set()
+    runs, accounts = [], [{"profile": p, "recording": None, "accepted": 0, "refused": [line]}
+                          for p, line in missing.items()]
+    for rec in found:
+        for d in list(rec.accepted):
+            if (run := _run_id(read_json(d / "config.json"))) in ids:
+                rec.accepted.remove(d)
+                rec.refused.append(Refusal(rec.name, run, "this study trains that run itself: its own run counts"))
             else:
-                refused.append(Refusal(f"{path.parent.name}/{path.name}", str(d.relative_to(path / "runs")), reason))
-        out.append(Recording(path, read_json(path / "meta.json"), accepted, refused))
-    return sorted(out, key=lambda r: (r.meta["date"], r.name), reverse=True)
+                runs.append((d, rec.name))
+                ids.add(run)
+        accounts.append({"profile": rec.path.parent.name, "recording": rec.name, "made": rec.describe(),
+                         "verified": last_verified(rec.path), "accepted": len(rec.accepted),
+                         "refused": [f.line for f in rec.refused]})
+    return runs, accounts
+
+
+def _run_id(config: dict) -> str:
+    return f"{config['task']}/{config['arch']}/seed{config['seed']}"
+
+
+VERIFICATIONS = "verifications.jsonl"  # beside a recording's meta.json: each `seqmix verify`, one line
+
+
+def last_verified(recording: Path) -> str:
+    """Where and when the recording was last verified (python -m seqmix verify), and what it found."""
+    path = Path(recording) / VERIFICATIONS
+    lines = path.read_text().splitlines() if path.is_file() else []
+    if not lines:
+        return f"never verified (python -m seqmix verify {shown(recording)})"
+    v = json.loads(lines[-1])
+    return (f"last verified on {v['host']} ({v['cpu']}), {v['date']}, commit {str(v['commit'])[:10]}, "
+            f"{v['numerics']} numerics: {v['summary']}")
 
 
 def chosen(recordings: list[Recording]) -> Recording | None:
@@ -290,7 +422,7 @@ def account(recordings: list[Recording], recorded_dir: str | os.PathLike = RECOR
     others, and every refused run with its reason."""
     pick, where = chosen(recordings), shown(Path(recorded_dir))
     if pick:
-        parts = [f"recorded study {pick.name} ({pick.describe()}; {len(pick.accepted)} runs)"]
+        parts = [f"recorded study {pick.name} ({pick.describe()}; {len(pick.accepted)} runs), {last_verified(pick.path)}"]
     elif recordings:
         parts = [f"no recorded study accepted ({len(recordings)} in {where})"]
     else:

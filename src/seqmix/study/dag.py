@@ -184,6 +184,15 @@ class Jobs:
         dirs = self.table["analyses"]["collect"]["run_dirs"] if run_dirs is None else run_dirs
         return [f"{d}/{name}" for d in dirs]
 
+    def recorded_files(self) -> list[str]:
+        """The meta.json and verifications of every recording of the studies the study's
+        ``recordings`` name (results/recorded/<profile>/*/): what its collected runs read."""
+        found = []
+        for profile in self.table["study"].get("recordings", []):
+            for name in ("meta.json", "verifications.jsonl"):
+                found += sorted(glob.glob(str(REPO_ROOT / "results" / "recorded" / glob.escape(profile) / "*" / name)))
+        return found
+
     def data_file(self, name: str, group: str = "{group}") -> str:
         return f"{self.table['paths']['data'].replace('{group}', group)}/{name}"
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import model_serializer
+
 from seqmix.study.settings import (
     ComplexitySettings,
     CopyProbeSettings,
@@ -26,6 +28,7 @@ from seqmix.study.settings import (
     ThroughputSettings,
     TokenizerSettings,
     TrainSettings,
+    without_empty_recordings,
 )
 
 
@@ -96,6 +99,9 @@ class CollectJob(Section):
     """Gathering runs into runs.csv and breakdown.csv, one row per run in this order."""
 
     run_dirs: list[str]
+    recordings: list[str] = []  # the study's ``recordings``: their accepted runs are rows too
+
+    _without_empty_recordings = model_serializer(mode="wrap")(without_empty_recordings)
 
 
 class ComplexityJob(Section):

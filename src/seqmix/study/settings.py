@@ -20,9 +20,10 @@ from pydantic import (
     model_validator,
 )
 
-from seqmix import catalogue, numerics
+from seqmix import REPO_ROOT, catalogue, numerics
 
 MIRROR_ENV = "SEQMIX_DATA_MIRROR"
+CONFIG_DIR = REPO_ROOT / "config"  # the profiles a study's ``recordings`` name
 
 ArchName = Literal[tuple(catalogue.mixer_names())]  # type: ignore[valid-type]
 NumericsMode = Literal[numerics.MODES]  # type: ignore[valid-type]
@@ -428,6 +429,15 @@ class ResourcesSettings(Section):
     small: JobResources = Field(_jobs(1000, 10), description="collect, concat, sparsity_analytic")
 
 
+def without_empty_recordings(self, handler):
+    """A model's dump without ``recordings`` where it is empty: a study without recordings
+    (and its jobs) dumps as it did before the key existed. (A method of the models that use it.)"""
+    out = handler(self)
+    if isinstance(out, dict) and not out.get("recordings", True):
+        del out["recordings"]
+    return out
+
+
 class StudyFile(Section):
     """The shape of a config file; task sections and mixer options are checked per entry
     (their models depend on the entry's kind or mixer)."""
@@ -450,8 +460,25 @@ class StudyFile(Section):
     analysis: AnalysisSettings = AnalysisSettings()
     report: ReportSettings = ReportSettings()
     resources: ResourcesSettings = ResourcesSettings()
+    recordings: list[str] = Field(default_factory=list, description="recorded studies this study's report reads as "
+                                  "if it had trained them: the newest recording of each profile under "
+                                  "results/recorded/<profile>/ whose runs are what config/<profile>.yaml resolves "
+                                  "to at this checkout (python -m seqmix record makes one)")
 
     _results_dir_works = field_validator("results_dir")(workflow_path)
+
+    @field_validator("recordings")
+    @classmethod
+    def _recorded_profiles(cls, v):
+        missing = [p for p in v if not (CONFIG_DIR / f"{p}.yaml").is_file()]
+        if missing:
+            raise ValueError(f"names {', '.join(missing)}, with no config/{missing[0]}.yaml in this checkout: "
+                             "name a profile of config/ (its recording is checked against that file)")
+        if len(set(v)) != len(v):
+            raise ValueError("entries must be unique")
+        return v
+
+    _without_empty_recordings = model_serializer(mode="wrap")(without_empty_recordings)
 
     @field_validator("architectures", "seeds")
     @classmethod

@@ -2,7 +2,7 @@
 
 Seeded; AdamW with linear warmup and cosine decay; gradient clipping; periodic evaluation;
 an atomic checkpoint every N steps and automatic resume from it; a run directory with
-metrics.json, log.csv, config.json, provenance.json and model.pt. A run whose loss becomes
+metrics.json, log.csv, config.json, provenance.json, hashes.json and model.pt. A run whose loss becomes
 NaN or infinite is recorded as diverged (status "diverged") and exits cleanly so the DAG
 goes on. The steps of a run are named functions: ``start`` (build, then resume or
 initialise), ``train_step``, ``evaluate_now``, ``save_checkpoint`` and ``finish``.
@@ -48,6 +48,7 @@ from seqmix.study.settings import TrainSettings
 from seqmix.tasks import make_task
 from seqmix.tasks.base import Task
 from seqmix.train import checkpoint
+from seqmix.train.hashes import final_hashes, write_hashes
 from seqmix.train.provenance import provenance
 from seqmix.train.step import StepLoss, lr_lambda, make_optimizer, optimizer_step, step_loss
 
@@ -159,6 +160,7 @@ class Run:
     code: Code | None = None  # the code that trains it (seqmix.sources), part of its identity
     finished_before: bool = False  # restored from final.pt: only the results are written again
     pack: dict | None = None  # trained in a pack of seeds (seqmix.train.pack): provenance.json names it
+    hashes: dict | None = None  # its final weights' and optimiser state's (seqmix.train.hashes), once ended
 
     @property
     def run_dir(self) -> Path:
@@ -209,6 +211,7 @@ def resume_or_init(run: Run) -> None:
         run.state = Progress(**ckpt["state"])
         run.state.resumed_from.append(run.state.step)
         run.finished_before = rel == FINAL
+        run.hashes = ckpt.get("hashes") if run.finished_before else None
         if not run.finished_before:
             print(f"resuming {run.run_dir} from step {run.state.step}", file=sys.stderr)
         else:
@@ -354,16 +357,22 @@ def train_steps(run: Run, progress: bool) -> None:
     state.status = state.status or "ok"
 
 
-def finish(run: Run) -> dict:
-    """Write the run's results (model, log, provenance, metrics) from its final state, kept
-    first in checkpoints/final.pt, then drop the last checkpoint."""
+def finish(run: Run, optimizer_state: dict | None = None) -> dict:
+    """Write the run's results (model, log, hashes, provenance, metrics) from its final state,
+    kept first in checkpoints/final.pt (its hashes with it: the optimiser state is not kept),
+    then drop the last checkpoint. ``optimizer_state``: the run's final one where another
+    optimiser than ``run.opt`` trained it (a seed pack's member)."""
     ckpt_dir = run.run_dir / CHECKPOINT.parent
     if not run.finished_before:
         run.state.elapsed = time.time() - run.started
+        # a pack's member is trained by the pack's optimiser, not run.opt: unknown unless given
+        opt = optimizer_state if optimizer_state is not None else None if run.pack else run.opt.state_dict()
+        run.hashes = final_hashes(run.model.state_dict(), opt)
         checkpoint.save_atomic({"identity": run.identity, "model": run.model.state_dict(),
-                                "state": dataclasses.asdict(run.state)}, run.run_dir / FINAL)
+                                "state": dataclasses.asdict(run.state), "hashes": run.hashes}, run.run_dir / FINAL)
     checkpoint.save_atomic({"model": run.model.state_dict(), "size": run.size}, run.run_dir / "model.pt")
     write_csv(run.run_dir / "log.csv", run.state.log, LOG_FIELDS)
+    write_hashes(run.run_dir, run.hashes or final_hashes(run.model.state_dict(), None))
     metrics = metrics_of(run)
     write_json(run.run_dir / "provenance.json", provenance(run.device, seed=run.spec.seed, code=run.code,
                                                           wall_time_s=run.state.elapsed,

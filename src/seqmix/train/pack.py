@@ -293,6 +293,7 @@ def resume(pack: Pack) -> None:
             continue
         run.model.load_state_dict(final["model"])
         run.state, run.finished_before = loop.Progress(**final["state"]), True
+        run.hashes = final.get("hashes")  # its results written again carry the hashes it ended with
         run.state.resumed_from.append(run.state.step)
         print(f"{run.run_dir} finished at step {run.state.step} ({loop.FINAL}): writing its results again "
               "without training", file=sys.stderr)
@@ -399,8 +400,10 @@ def save_member(run: loop.Run, optimizer_state: dict, scheduler_state: dict) -> 
                             "state": dataclasses.asdict(run.state)}, last)
 
 
-def finish_member(pack: Pack, run: loop.Run) -> None:
-    pack.results[run.spec.run_dir] = loop.finish(run)
+def finish_member(pack: Pack, run: loop.Run, optimizer_state: dict | None = None) -> None:
+    """A member's results as a single run writes them; ``optimizer_state``: its share of the
+    pack's optimiser (member_optimizer_state), whose hash the run's hashes.json keeps."""
+    pack.results[run.spec.run_dir] = loop.finish(run, optimizer_state=optimizer_state)
 
 
 def commit(pack: Pack, ended: list[loop.Run]) -> None:
@@ -413,7 +416,7 @@ def commit(pack: Pack, ended: list[loop.Run]) -> None:
     for run, state in zip(pack.members, states):
         save_member(run, state, sched_state)
     for run in ended:
-        finish_member(pack, run)
+        finish_member(pack, run, states[next(i for i, m in enumerate(pack.members) if m is run)])
     for run in pack.members:
         (run.run_dir / PREVIOUS).unlink(missing_ok=True)
     if ended:
