@@ -27,7 +27,7 @@ from tests.conftest import tiny_config
 from tests.helpers import REPO, copy_workflow, planned_jobs, snakemake
 
 SEEDS = (0, 1)
-MEMBER_FILES = ("metrics.json", "model.pt", "log.csv", "provenance.json", "config.json")
+MEMBER_FILES = ("metrics.json", "model.pt", "log.csv", "provenance.json", "config.json", "hashes.json")
 
 
 def packed_config(root: Path, pack=True, archs=("softmax", "grassmann")) -> dict:
