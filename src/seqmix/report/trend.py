@@ -96,7 +96,8 @@ def draw_gap_trend(ax, gaps: pd.DataFrame, trend: Trend, claim, colour: str) -> 
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xscale("log")
     ax.set_xlabel("parameters (the baseline's)")
-    ax.set_ylabel(f"{claim.unit}")
+    split = {"eval": "validation", "test": "test"}[claim.split]
+    ax.set_ylabel(f"{split} gap, % ({claim.arch} over {claim.baseline})")
 
 
 def trend_macros(claim, gaps: pd.DataFrame) -> dict[str, str]:
