@@ -52,7 +52,8 @@ def evaluate(tmp_path, claims: list[dict], runs: list[dict] | None = None, **tab
 
 def test_every_kind_has_a_test_here():
     tested = {"relative_gap", "accuracy_difference", "metric_threshold", "complexity_exponent", "su_closed_form",
-              "measured_sparsity", "width_to_reach", "recall_beyond_reach"}
+              "measured_sparsity", "width_to_reach", "recall_beyond_reach",
+              "copy_beyond_reach", "gap_trend"}  # these two: tests/report/test_ladder.py
     assert set(EVALUATORS) == set(KINDS) == tested, "a new claim kind needs its tests in this module"
 
 

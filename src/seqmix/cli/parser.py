@@ -49,7 +49,8 @@ def _add(sub, name, func, help_, config=True, spec: str | None = None):
 
 def _add_copy_probe(sub) -> None:
     sp = _add(sub, "copy-probe", cmd_copy_probe,
-              "can each mixer copy the previous token? a fresh model per architecture, built as the MQAR task builds its own",
+              "can each mixer copy the previous token (and, where its reach is finite, the token each other lag back)? "
+              "a fresh model per architecture and lag, built as the MQAR task builds its own",
               spec=JOB_SPEC)
     sp.add_argument("--out", default="results/analysis/copy_probe.csv")
     sp.add_argument("--threads", type=int, default=None)

@@ -27,6 +27,8 @@ from seqmix.report.claims_file import (
     AnyClaim,
     ClaimsError,
     ComplexityExponent,
+    CopyBeyondReach,
+    GapTrend,
     MeasuredSparsity,
     MetricThreshold,
     OnTask,
@@ -45,6 +47,7 @@ from seqmix.report.summary import (
     point_seeds,
     reach_split,
 )
+from seqmix.report.trend import fit_trend, ladder_gaps
 
 VERDICTS = ("agrees", "disagrees", "inconclusive", "not testable")
 
@@ -406,6 +409,73 @@ def eval_recall_beyond_reach(res: Results, claim: RecallBeyondReach) -> ClaimRes
     return dataclasses.replace(_decide(claim, mean, half, measured, unmet), values=[p[2] - chance for p in splits])
 
 
+def eval_copy_beyond_reach(res: Results, claim: CopyBeyondReach) -> ClaimResult:
+    """Accuracy minus chance of ``arch``'s copy probe at the lags beyond its reach (the token
+    to copy lies further back than its output can read), its accuracy at the lags within
+    reach required to be clearly above chance (else the probe says nothing about the reach).
+    The probe trains one seed: the interval is the binomial one over its scored positions,
+    the lags beyond reach pooled."""
+    probe = res.table("analysis/copy_probe.csv")
+    if probe is None:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable",
+                       "no copy probe in this profile (analysis.copy_probe)")
+    if not {"lag", "reach", "scored"} <= set(probe.columns):
+        return _result(claim, float("nan"), float("nan"), "--", "not testable",
+                       "analysis/copy_probe.csv has no lag, reach or scored column: it predates the probe's lags "
+                       "(rerun python -m seqmix copy-probe)")
+    rows = probe[probe.arch == claim.arch]
+    if rows.empty:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim.arch} not in the copy probe")
+    reach, chance = rows.reach.iloc[0], float(rows.chance.iloc[0])
+    if pd.isna(reach):
+        return _result(claim, float("nan"), float("nan"), "--", "not testable", f"{claim.arch} has no finite reach")
+    within, beyond = rows[rows.lag <= reach], rows[rows.lag > reach]
+    r = rows.iloc[0]
+    at = "; ".join(f"lag {int(x.lag)} ({'within' if x.lag <= reach else 'beyond'}): {x.accuracy:.3f}" for x in rows.itertuples())
+    measured = (f"copy probe: d {int(r.d_model)}, {int(r.n_layers)} layers, L {int(r.seq_len)}, vocabulary "
+                f"{int(r.vocab_size)}, {int(r.steps):,} steps, seed {int(r.seed)}; reach {int(reach)} tokens, "
+                f"chance {chance:.4f}; accuracy {at}")
+    if beyond.empty:
+        return _result(claim, float("nan"), float("nan"), measured, "not testable",
+                       f"no lag of the copy probe lies beyond {claim.arch}'s reach of {int(reach)} tokens "
+                       f"(add one to analysis.copy_probe.lags, below its seq_len {int(r.seq_len)})")
+    n_out = beyond.scored.astype(float)
+    acc_out = float((beyond.accuracy * n_out).sum() / n_out.sum())
+    half = 1.96 * math.sqrt(acc_out * (1 - acc_out) / n_out.sum())
+    measured += f"; binomial 95% interval over the {int(n_out.sum()):,} positions beyond reach (one seed)"
+    unmet, floor = [], claim.requires.min_accuracy_within_reach
+    acc_in = float(within.accuracy.min()) if len(within) else float("nan")
+    if floor is not None and not acc_in >= floor:
+        unmet.append(f"{claim.arch} does not copy within its reach (accuracy "
+                     f"{'not measured' if math.isnan(acc_in) else f'{acc_in:.3f}'}, needs ≥ {floor}), "
+                     "so its accuracy beyond it says nothing about the reach")
+    return dataclasses.replace(_decide(claim, acc_out - chance, half, measured, unmet), values=[acc_out - chance])
+
+
+def eval_gap_trend(res: Results, claim: GapTrend) -> ClaimResult:
+    """The slope of the per-seed gap against log10(parameters) over a size ladder
+    (seqmix.report.trend), judged as any value with its 95% interval: agrees with a claim
+    that the gap narrows (``agree_if: {max: 0}``) where the whole interval is below zero."""
+    gaps = ladder_gaps(res.runs, claim.tasks, claim.arch, claim.baseline, claim.split)
+    if gaps.empty:
+        return _result(claim, float("nan"), float("nan"), "--", "not testable",
+                       f"no finished pair of {claim.arch} and {claim.baseline} runs on a task matching {claim.tasks} "
+                       "(the size-ladder study is not recorded yet: python -m seqmix record --config config/size-ladder.yaml)")
+    trend = fit_trend(gaps)
+    sizes = "; ".join(f"{p / 1e6:.2f}M: " + "/".join(f"{v:.1f}" for v in g.gap) for p, g in gaps.groupby("params"))
+    measured = (f"{gaps.task.nunique()} sizes of {claim.tasks}, {trend.points} seed pairs, {claim.split} metric; "
+                f"gap per seed (%) at {sizes}; least squares on log10(params), 95% t-interval")
+    req, unmet = claim.requires, []
+    if trend.sizes < req.min_sizes:
+        unmet.append(f"{trend.sizes} size(s) with two or more seed pairs, the trend needs ≥ {req.min_sizes}")
+    if not trend.span >= req.min_span:
+        unmet.append(f"the sizes span {trend.span:.1f}x in parameters, the trend needs ≥ {req.min_span:g}x")
+    result = _decide(claim, trend.slope, trend.half, measured, unmet)
+    if not unmet:
+        result = dataclasses.replace(result, why=f"{trend.direction}: {result.why}")
+    return dataclasses.replace(result, values=[float(v) for v in gaps.gap])
+
+
 COST_TITLES = {"fwdbwd_ms": "time", "fwd_ms": "fwd time", "flops_fwdbwd": "FLOPs", "flops_fwd": "fwd FLOPs",
                "bytes_written_fwdbwd": "bytes written", "bytes_written_fwd": "fwd bytes written",
                "peak_fwdbwd_bytes": "memory", "peak_fwd_bytes": "fwd memory", "flops_stated": "stated FLOPs"}
@@ -583,6 +653,8 @@ def _result(claim: AnyClaim, mean, half, measured_on, verdict, why) -> ClaimResu
 EVALUATORS: dict[str, Callable[[Results, AnyClaim], ClaimResult]] = {
     "width_to_reach": eval_width_to_reach,
     "recall_beyond_reach": eval_recall_beyond_reach,
+    "copy_beyond_reach": eval_copy_beyond_reach,
+    "gap_trend": eval_gap_trend,
     "relative_gap": eval_paired,
     "accuracy_difference": eval_paired,
     "metric_threshold": eval_threshold,

@@ -196,8 +196,62 @@ class RecallBeyondReach(OnTask):
     requires: RecallRequirements
 
 
+class CopyBeyondReach(Claim):
+    """Accuracy minus chance of the copy probe (analysis/copy_probe.csv) at the lags beyond a
+    model's reach, where it learns to copy within it."""
+
+    kind: Literal["copy_beyond_reach"]
+    arch: str
+    requires: RecallRequirements
+
+
+class TrendRequirements(Part):
+    min_sizes: int = Field(3, ge=3, description="sizes (tasks) with at least two paired seeds each")
+    min_span: float = Field(4.0, ge=1.0, description="the largest size's parameters over the smallest's")
+
+
+class Reference(Part):
+    """A published measurement drawn beside ours: a pair of perplexities and where they are from."""
+
+    label: str = Field(min_length=1)
+    source: str = Field(min_length=1, description="author, year and where (a URL)")
+    url: str = Field(min_length=1)
+    params: float = Field(gt=0, description="the baseline's parameter count")
+    split: Literal["validation", "test"]
+    arch_value: float = Field(gt=0, description="arch's perplexity")
+    baseline_value: float = Field(gt=0, description="the baseline's perplexity")
+
+    @property
+    def gap(self) -> float:
+        """100·(arch / baseline − 1), as relative_gap computes ours."""
+        return 100.0 * (self.arch_value / self.baseline_value - 1.0)
+
+
+class Band(Part):
+    """A claim's stated range drawn on the trend figure: the gap it states over the sizes it states."""
+
+    claim: str = Field(min_length=1, description="the id of the claim that states it")
+    gap: tuple[float, float]
+    params: tuple[float, float]
+
+
+class GapTrend(Claim):
+    """The slope of relative_gap's per-seed value against log10(parameters) over the sizes of
+    a ladder (the tasks matching ``tasks``): mean slope and its 95% interval."""
+
+    kind: Literal["gap_trend"]
+    tasks: str = Field(min_length=1, description="a pattern (fnmatch) of the ladder's task names, e.g. wikitext2/ladder-*")
+    arch: str
+    baseline: str
+    split: Split = "eval"
+    band: Band | None = None
+    references: list[Reference] = Field(default_factory=list)
+    requires: TrendRequirements = TrendRequirements()
+
+
 AnyClaim = Annotated[RelativeGap | AccuracyDifference | MetricThreshold | ComplexityExponent | SuClosedForm
-                     | MeasuredSparsity | WidthToReach | RecallBeyondReach, Field(discriminator="kind")]
+                     | MeasuredSparsity | WidthToReach | RecallBeyondReach | CopyBeyondReach | GapTrend,
+                     Field(discriminator="kind")]
 # The kinds by name, in the order above: a claims.yaml ``kind`` names one.
 MODELS: dict[str, type[Claim]] = {get_args(m.model_fields["kind"].annotation)[0]: m for m in get_args(get_args(AnyClaim)[0])}
 KINDS: tuple[str, ...] = tuple(MODELS)

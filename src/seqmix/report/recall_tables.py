@@ -232,6 +232,15 @@ FLAT_LOSS = 0.02
 MIN_COPY = 0.5
 
 
+def previous_token(probe: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The copy probe's rows at lag 1 (copying the previous token; a probe without a ``lag``
+    column has only those), or None without any."""
+    if probe is None or probe.empty:
+        return None
+    rows = probe[probe.lag == 1] if "lag" in probe else probe
+    return rows if len(rows) else None
+
+
 def run_reach_split(breakdown: pd.DataFrame, run: pd.Series) -> tuple[float, float, int] | None:
     """(accuracy on test queries whose key is within the run's reach, accuracy beyond it,
     queries beyond) of a run with a finite reach and a distance breakdown; None otherwise."""
@@ -269,7 +278,7 @@ def floor_rows(runs: pd.DataFrame, breakdown: pd.DataFrame, best: dict[str, pd.D
     """Every selected (group, mixer, width) at which a majority of seeds ended below chance,
     with each seed's accuracy and ending, and the reason the measurements of its median seed
     (the one at the majority value) show."""
-    copy = dict(zip(probe.arch, probe.accuracy)) if probe is not None and len(probe) else {}
+    copy = dict(zip(previous.arch, previous.accuracy)) if (previous := previous_token(probe)) is not None else {}
     out = []
     for g, b in best.items():
         points = seed_points(runs, b)

@@ -374,6 +374,34 @@ class CopyProbeSettings(Section):
     seed: int = Field(0, ge=0)
     architectures: list[ArchName] | None = Field(  # type: ignore[valid-type]
         None, description="mixers to probe (causal ones); null = the study's architectures that have a causal form")
+    lags: list[int] = Field(
+        [1], min_length=1, description="copy the token this many positions back (1: the previous token), one probe "
+                                       "per lag and mixer, a lag other than 1 only for mixers whose reach is finite: "
+                                       "beyond a mixer's reach (e.g. Grassmann's n_layers x its largest offset) it "
+                                       "tests that reach (claim grassmann-recall-reach)")
+
+    @field_validator("lags")
+    @classmethod
+    def _lags_fit(cls, v):
+        if len(set(v)) != len(v) or any(lag < 1 for lag in v):
+            raise ValueError(f"lags must be distinct and >= 1, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _lags_within_length(self):
+        if max(self.lags) >= self.seq_len:
+            raise ValueError(f"lags {self.lags} must be below seq_len {self.seq_len}: a lag of seq_len leaves no "
+                             "position to score")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _lags_when_set(self, handler):
+        # The previous token alone (the default) is the probe as it was before lags existed:
+        # left out, so that a study that sets no lags keeps its specs and their digests.
+        data = handler(self)
+        if list(self.lags) == [1]:
+            data.pop("lags", None)
+        return data
 
 
 class ThroughputSettings(Section):
