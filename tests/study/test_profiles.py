@@ -37,6 +37,8 @@ def defaults_for(raw: dict) -> dict:
            if not info.is_required()}
     out = json.loads(json.dumps({k: (v.model_dump(mode="json") if hasattr(v, "model_dump") else v)
                                  for k, v in top.items()}))
+    if not out.get("recordings", True):  # a study dumps no empty `recordings` (settings.without_empty_recordings)
+        del out["recordings"]
     out["tasks"] = {name: task_section_model(catalogue.kind_of(name))().model_dump(mode="json")
                     for name in raw["tasks"]}
     out["mixers"] = {arch: json.loads(json.dumps(dataclasses.asdict(mixer_class(arch).Options())))

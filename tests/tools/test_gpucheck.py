@@ -77,8 +77,8 @@ def test_the_cpu_smoke_runs_every_part_and_writes_the_gpu_layout(tmp_path):
 
 def test_gpu_check_runs_native_numerics():
     """A GPU image may have no C compiler, which portable numerics' oneMKL shim needs: gpu-check
-    asks for native (seqmix.cli.numerics_of reads it before anything else)."""
-    from seqmix.cli import numerics_of
+    asks for native (seqmix.cli.inputs.numerics_of reads it before anything else)."""
+    from seqmix.cli.inputs import numerics_of
     from tools.bench.__main__ import build_parser
 
     assert numerics_of(build_parser().parse_args(["gpu-check"])) == ("native", "--numerics")
