@@ -27,7 +27,7 @@ SNAKEMAKE = snakemake --profile workflow/executors/local --cores $(CORES) --reso
 # A study's report folder (<results_dir>/report: figures, tables, report.pdf, report.html).
 report_dir = $$(python -m seqmix where report --config $(1))
 
-.PHONY: install latex report report-timings readme-results paper paper-smoke paper-headline paper-headline-runs paper-headline-smoke plan docs-blocks test test-all verify \
+.PHONY: install latex report report-timings readme-results paper paper-smoke paper-headline paper-headline-runs paper-headline-smoke plan docs-blocks test test-all verify record \
 	lint clean help gpu-check gpu-check-smoke gpu-wheels gpu-data
 
 help:
@@ -43,6 +43,7 @@ help:
 	@echo "make gpu-check    on a GPU: kernels, kernel bench, step times, a training run -> results/bench/<gpu>/ (<= 8 min)"
 	@echo "make gpu-wheels   the wheels a GPU machine without a package registry installs (.gpu-wheels/)"
 	@echo "make gpu-data     WikiText-2 and the headline study's prepared data for a GPU machine (.gpu-data/, data/paper-headline/)"
+	@echo "make record STUDY=config/size-ladder.yaml  a CPU study's runs, then recorded under results/recorded/ for the quick report"
 	@echo "make verify       a sample of the recorded runs config/config.yaml reads, trained again here and compared bit for bit (<= 10 min)"
 	@echo "make test         run the test suite"
 	@echo "make kernels-compile-check  compile every Triton kernel for sm_80/sm_90 with Triton 3.6.0 (no GPU)"
@@ -90,6 +91,14 @@ readme-results: install
 VERIFY_BUDGET ?= 600
 verify: install
 	python -m seqmix verify $(RECORDING) --config config/config.yaml --budget $(VERIFY_BUDGET)
+
+# A CPU study recorded under results/recorded/ for the quick report to read (its `recordings`:
+# config/recall-seeds.yaml, config/size-ladder.yaml): its runs through the DAG, one per core,
+# then `python -m seqmix record`. A killed recording resumes from the runs' checkpoints.
+STUDY ?= config/recall-seeds.yaml
+record: install
+	$(SNAKEMAKE) --configfile $(STUDY) -- runs
+	python -m seqmix record --config $(STUDY)
 
 paper: install latex
 	$(SNAKEMAKE) --configfile config/paper.yaml

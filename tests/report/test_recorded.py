@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -82,10 +83,16 @@ def test_record_copies_each_runs_small_outputs_under_study_device_and_date(study
         f"{t}/{a}/seed{s}" for t in cfg["tasks"] for a in cfg["architectures"] for s in cfg["seeds"])
     results = Path(cfg["results_dir"]) / "runs"
     for run in runs:
-        # The small files, byte for byte; no weights, no checkpoints.
+        # The small files, byte for byte; no weights, no checkpoints. Provenance without the
+        # recording machine's paths: the checkout's relative, others by name (the shim's cache).
         assert sorted(p.name for p in run.iterdir()) == sorted(RUN_FILES)
-        for name in RUN_FILES:
-            assert (run / name).read_bytes() == (results / run.relative_to(where / "runs") / name).read_bytes()
+        made = results / run.relative_to(where / "runs")
+        for name in set(RUN_FILES) - {"provenance.json"}:
+            assert (run / name).read_bytes() == (made / name).read_bytes()
+        kept, original = (json.loads((d / "provenance.json").read_text()) for d in (run, made))
+        assert kept["code"]["seqmix"] == "src/seqmix" and kept["code"]["kernels"] == "kernels"
+        assert original["code"]["seqmix"].startswith("/") and not re.search(r'": "/', json.dumps(kept))
+        assert kept["code"]["digest"] == original["code"]["digest"] and kept["git"] == original["git"]
     prov = json.loads((runs[0] / "provenance.json").read_text())
     assert meta["study"] == {"config": str(study), "profile": "tiny-headline", "results_dir": cfg["results_dir"]}
     assert meta["git"] == {**prov["git"], "from": "provenance"} and meta["device"] == prov["device"]["name"] and meta["host"] == prov["host"]

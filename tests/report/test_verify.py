@@ -59,11 +59,15 @@ def test_one_recorded_run_verifies_on_this_host(recording, tmp_path):
     source, run = found if found else (recording, "mqar/grassmann/seed0")
     dest = tmp_path / source.parent.name / source.name
     shutil.copytree(source, dest)  # its verifications.jsonl is written in the copy, not the checkout
+    kept = dest / VERIFICATIONS
+    before = kept.read_text().splitlines() if kept.exists() else []  # a committed one has its history
     status, out = lines_of(lambda o: verify(str(dest), run=run, out=o))
     print("\n".join(out))
     assert status == 0, out
     assert out[1].startswith(f"  {run}: same bits (weights sha256 ") and len(out) == 3
-    (entry,) = [json.loads(line) for line in (dest / VERIFICATIONS).read_text().splitlines()]
+    after = kept.read_text().splitlines()
+    assert after[:len(before)] == before and len(after) == len(before) + 1
+    entry = json.loads(after[-1])
     assert entry["runs"][run]["result"] == "same" and entry["numerics"] == "portable" and entry["commit"]
     assert last_verified(dest).startswith(f"last verified on {entry['host']} ") and "1 same of 1 runs" in last_verified(dest)
 

@@ -95,6 +95,7 @@ def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
         (tmp / "runs" / name).mkdir(parents=True)
         for f in RUN_FILES:
             shutil.copy2(d / f, tmp / "runs" / name / f)
+        write_json(tmp / "runs" / name / "provenance.json", without_locations(read_json(d / "provenance.json")))
     # Every recorded file's sha256: a recording altered after the fact is refused naming the file.
     meta["sha256"] = {f"runs/{name}/{f}": sha256_file(tmp / "runs" / name / f) for name in dirs for f in RUN_FILES}
     write_json(tmp / "meta.json", meta)
@@ -105,6 +106,20 @@ def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
     tmp.rename(dest)
     shutil.rmtree(old, ignore_errors=True)
     return dest
+
+
+def without_locations(value: Any) -> Any:
+    """``value`` (a run's provenance) with every absolute path made one a reader of the
+    recording can follow on any machine: relative to the checkout where it is inside it,
+    else its file name (the oneMKL shim in a user's cache: its name carries its hash)."""
+    if isinstance(value, dict):
+        return {k: without_locations(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_locations(v) for v in value]
+    if isinstance(value, str) and value.startswith("/"):
+        path = Path(value)
+        return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
+    return value
 
 
 def sha256_file(path: Path) -> str:
