@@ -7,7 +7,8 @@
 #      this checkout's src/ (PYTHONPATH), as every job of the DAG runs it;
 #   2. python -m tools.bench.packing: one run alone against several together, eager then
 #      compiled steps (<= MEASURE_S); packing.csv and choice.json go to $OUT at once. Its
-#      choice of step and seeds is written into $HEADLINE only where one fits the time left:
+#      choice of step and seeds (and pack: false, as it timed one run per process) is
+#      written into $HEADLINE only where one fits the time left:
 #      where none fits, no run starts, and the script says so and exits with status 3;
 #   3. make paper-headline-runs (the runs and their evaluations), stopped MARGIN_S before the
 #      call's limit LIMIT_S, then the record of every run that finished (meta.json's
