@@ -27,7 +27,7 @@ SNAKEMAKE = snakemake --profile workflow/executors/local --cores $(CORES) --reso
 # A study's report folder (<results_dir>/report: figures, tables, report.pdf, report.html).
 report_dir = $$(python -m seqmix where report --config $(1))
 
-.PHONY: install latex report report-timings readme-results paper paper-smoke paper-headline paper-headline-runs paper-headline-smoke plan docs-blocks test test-all verify record \
+.PHONY: install latex report report-timings readme-results paper paper-smoke paper-headline paper-headline-runs paper-headline-smoke plan docs-blocks test test-all verify record record-timings \
 	lint clean help gpu-check gpu-check-smoke gpu-wheels gpu-data
 
 help:
@@ -44,6 +44,7 @@ help:
 	@echo "make gpu-wheels   the wheels a GPU machine without a package registry installs (.gpu-wheels/)"
 	@echo "make gpu-data     WikiText-2 and the headline study's prepared data for a GPU machine (.gpu-data/, data/paper-headline/)"
 	@echo "make record STUDY=config/size-ladder.yaml  a CPU study's runs, then recorded under results/recorded/ for the quick report"
+	@echo "make record-timings STUDY=...  put that recording's job times (commit, machine) in docs/costs/record-<profile>.md"
 	@echo "make verify       a sample of the recorded runs config/config.yaml reads, trained again here and compared bit for bit (<= 10 min)"
 	@echo "make test         run the test suite"
 	@echo "make kernels-compile-check  compile every Triton kernel for sm_80/sm_90 with Triton 3.6.0 (no GPU)"
@@ -99,6 +100,14 @@ STUDY ?= config/recall-seeds.yaml
 record: install
 	$(SNAKEMAKE) --configfile $(STUDY) -- runs
 	python -m seqmix record --config $(STUDY)
+
+# docs/costs/record-<profile>.md: what recording STUDY cost, job by job (its benchmark files),
+# headed by the commit and machine its runs recorded.
+record-timings: install
+	python -m seqmix benchmarks "$$(python -m seqmix where results --config $(STUDY))/benchmarks" \
+		--markdown "$$(python -m seqmix where results --config $(STUDY))/record-timings.md"
+	python -m tools.docs "docs/costs/record-$$(basename $(STUDY) .yaml).md" \
+		"$$(python -m seqmix where results --config $(STUDY))/record-timings.md"
 
 paper: install latex
 	$(SNAKEMAKE) --configfile config/paper.yaml
