@@ -19,7 +19,13 @@ import yaml
 from seqmix.cli import main as cli
 from seqmix.report.claims import evaluate_claims, judge
 from seqmix.report.claims_file import AgreeIf
-from seqmix.report.recorded import RUN_FILES, account, first_difference, read_recordings
+from seqmix.report.recorded import (
+    RUN_FILES,
+    account,
+    first_difference,
+    read_recordings,
+    without_locations,
+)
 from seqmix.report.summary import mean_ci
 from tests.conftest import REPO
 
@@ -83,16 +89,20 @@ def test_record_copies_each_runs_small_outputs_under_study_device_and_date(study
         f"{t}/{a}/seed{s}" for t in cfg["tasks"] for a in cfg["architectures"] for s in cfg["seeds"])
     results = Path(cfg["results_dir"]) / "runs"
     for run in runs:
-        # The small files, byte for byte; no weights, no checkpoints. Provenance without the
-        # recording machine's paths: the checkout's relative, others by name (the shim's cache).
+        # The small files, byte for byte; no weights, no checkpoints. Provenance and metrics
+        # without the recording machine's paths: the checkout's relative, others by their last
+        # name (the data mirror, the shim's cache).
         assert sorted(p.name for p in run.iterdir()) == sorted(RUN_FILES)
         made = results / run.relative_to(where / "runs")
-        for name in set(RUN_FILES) - {"provenance.json"}:
+        for name in set(RUN_FILES) - {"provenance.json", "metrics.json"}:
             assert (run / name).read_bytes() == (made / name).read_bytes()
         kept, original = (json.loads((d / "provenance.json").read_text()) for d in (run, made))
         assert kept["code"]["seqmix"] == "src/seqmix" and kept["code"]["kernels"] == "kernels"
         assert original["code"]["seqmix"].startswith("/") and not re.search(r'": "/', json.dumps(kept))
         assert kept["code"]["digest"] == original["code"]["digest"] and kept["git"] == original["git"]
+        metrics = json.loads((made / "metrics.json").read_text())
+        assert json.loads((run / "metrics.json").read_text()) == without_locations(metrics)
+
     prov = json.loads((runs[0] / "provenance.json").read_text())
     assert meta["study"] == {"config": str(study), "profile": "tiny-headline", "results_dir": cfg["results_dir"]}
     assert meta["git"] == {**prov["git"], "from": "provenance"} and meta["device"] == prov["device"]["name"] and meta["host"] == prov["host"]
@@ -102,6 +112,17 @@ def test_record_copies_each_runs_small_outputs_under_study_device_and_date(study
         metrics = json.loads((results / row["run"] / "metrics.json").read_text())
         assert (row["status"], row["wall_time_s"], row["steps_completed"]) == (
             metrics["status"], metrics["wall_time_s"], metrics["steps_completed"])
+
+
+def test_paths_in_a_recording_are_the_checkouts_or_shortened_never_this_machines():
+    from seqmix import REPO_ROOT
+
+    made = {"source": "local mirror /srv/mirrors/data", "code": str(REPO_ROOT / "kernels"),
+            "shim": "/home/u/.cache/seqmix/libseqmix_mkl_shim-7fbe.so", "nested": [{"at": f"in {REPO_ROOT}/src x"}],
+            "kept": "1/8 of the tokens, and/or https://github.com/a/b", "n": 3}
+    assert without_locations(made) == {
+        "source": "local mirror .../data", "code": "kernels", "shim": ".../libseqmix_mkl_shim-7fbe.so",
+        "nested": [{"at": "in src x"}], "kept": "1/8 of the tokens, and/or https://github.com/a/b", "n": 3}
 
 
 def test_a_commit_given_fills_in_for_runs_made_without_git_and_never_overrides_theirs(study, tmp_path):

@@ -30,6 +30,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -95,7 +96,8 @@ def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
         (tmp / "runs" / name).mkdir(parents=True)
         for f in RUN_FILES:
             shutil.copy2(d / f, tmp / "runs" / name / f)
-        write_json(tmp / "runs" / name / "provenance.json", without_locations(read_json(d / "provenance.json")))
+        for f in ("provenance.json", "metrics.json"):  # the files that name this machine's paths
+            write_json(tmp / "runs" / name / f, without_locations(read_json(d / f)))
     # Every recorded file's sha256: a recording altered after the fact is refused naming the file.
     meta["sha256"] = {f"runs/{name}/{f}": sha256_file(tmp / "runs" / name / f) for name in dirs for f in RUN_FILES}
     write_json(tmp / "meta.json", meta)
@@ -108,18 +110,25 @@ def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
     return dest
 
 
+# An absolute path inside a string ("local mirror /data/wikitext"), not a ratio ("1/8") or a URL.
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])/[^\s\"'<>|;,()]+")
+
+
 def without_locations(value: Any) -> Any:
-    """``value`` (a run's provenance) with every absolute path made one a reader of the
-    recording can follow on any machine: relative to the checkout where it is inside it,
-    else its file name (the oneMKL shim in a user's cache: its name carries its hash)."""
+    """``value`` (a run's provenance or metrics) with every absolute path made one a reader of
+    the recording can follow on any machine: relative to the checkout where it is inside it,
+    else ``.../`` and its last name (the data mirror, the oneMKL shim in a user's cache)."""
     if isinstance(value, dict):
         return {k: without_locations(v) for k, v in value.items()}
     if isinstance(value, list):
         return [without_locations(v) for v in value]
-    if isinstance(value, str) and value.startswith("/"):
-        path = Path(value)
-        return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
+    if isinstance(value, str):
+        return ABSOLUTE_PATH.sub(lambda m: _shown_anywhere(Path(m.group(0))), value)
     return value
+
+
+def _shown_anywhere(path: Path) -> str:
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else f".../{path.name}"
 
 
 def sha256_file(path: Path) -> str:
