@@ -104,10 +104,9 @@ record: install
 # docs/costs/record-<profile>.md: what recording STUDY cost, job by job (its benchmark files),
 # headed by the commit and machine its runs recorded.
 record-timings: install
-	python -m seqmix benchmarks "$$(python -m seqmix where results --config $(STUDY))/benchmarks" \
-		--markdown "$$(python -m seqmix where results --config $(STUDY))/record-timings.md"
-	python -m tools.docs "docs/costs/record-$$(basename $(STUDY) .yaml).md" \
-		"$$(python -m seqmix where results --config $(STUDY))/record-timings.md"
+	results=$$(python -m seqmix where results --config $(STUDY)) && \
+	python -m seqmix benchmarks "$$results/benchmarks" --markdown "$$results/record-timings.md" && \
+	python -m tools.docs "docs/costs/record-$$(basename $(STUDY) .yaml).md" "$$results/record-timings.md"
 
 paper: install latex
 	$(SNAKEMAKE) --configfile config/paper.yaml

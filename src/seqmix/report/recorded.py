@@ -49,6 +49,8 @@ if TYPE_CHECKING:  # pandas only where a report reads recordings: `record` runs 
 HEADLINE_CONFIG = REPO_ROOT / "config" / "paper-headline.yaml"
 RECORDED_DIR = REPO_ROOT / "results" / "recorded"  # committed, beside results/bench/
 RUN_FILES = ("config.json", "metrics.json", "eval.json", "log.csv", "provenance.json", "hashes.json")
+# The run files that name the recording machine's paths (its checkout, data mirror, shim cache).
+NAMES_PATHS = ("metrics.json", "provenance.json")
 # Keys of a run spec that say where its files were, not what was run: a checkout on a GPU
 # machine has other paths than the one building the report.
 LOCATION_KEYS = ("run_dir", "data_dir", "tokenizer_dir", "data.dir", "data.mirror")
@@ -95,9 +97,10 @@ def record(config: str | os.PathLike, out: str | os.PathLike, command: str = "",
     for name, d in dirs.items():
         (tmp / "runs" / name).mkdir(parents=True)
         for f in RUN_FILES:
-            shutil.copy2(d / f, tmp / "runs" / name / f)
-        for f in ("provenance.json", "metrics.json"):  # the files that name this machine's paths
-            write_json(tmp / "runs" / name / f, without_locations(read_json(d / f)))
+            if f in NAMES_PATHS:
+                write_json(tmp / "runs" / name / f, without_locations(read_json(d / f)))
+            else:
+                shutil.copy2(d / f, tmp / "runs" / name / f)
     # Every recorded file's sha256: a recording altered after the fact is refused naming the file.
     meta["sha256"] = {f"runs/{name}/{f}": sha256_file(tmp / "runs" / name / f) for name in dirs for f in RUN_FILES}
     write_json(tmp / "meta.json", meta)
@@ -123,12 +126,13 @@ def without_locations(value: Any) -> Any:
     if isinstance(value, list):
         return [without_locations(v) for v in value]
     if isinstance(value, str):
-        return ABSOLUTE_PATH.sub(lambda m: _shown_anywhere(Path(m.group(0))), value)
+        return ABSOLUTE_PATH.sub(lambda m: _shown_anywhere(m.group(0)), value)
     return value
 
 
-def _shown_anywhere(path: Path) -> str:
-    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else f".../{path.name}"
+def _shown_anywhere(path: str) -> str:
+    inside = shown(path)  # relative where inside the checkout, else still absolute
+    return f".../{Path(path).name}" if Path(inside).is_absolute() else inside
 
 
 def sha256_file(path: Path) -> str:
