@@ -194,8 +194,20 @@ def test_a_recorded_run_whose_config_moved_on_is_refused_naming_the_first_differ
     (rec,) = read_recordings(recorded, fewer)
     assert [r.run.endswith("seed1") for r in rec.refused] == [True, True] and len(rec.accepted) == 2
     assert "is not a run of the headline study" in rec.refused[0].reason
-    (rec,) = read_recordings(recorded, tmp_path / "absent.yaml")
-    assert rec.accepted == [] and f"{tmp_path / 'absent.yaml'} does not exist" in rec.refused[0].reason
+    # Without its config the headline's recordings are those under the file's name.
+    absent = tmp_path / f"{rec.path.parent.name}.yaml"
+    (rec,) = read_recordings(recorded, absent)
+    assert rec.accepted == [] and f"{absent} does not exist" in rec.refused[0].reason
+
+
+def test_the_headline_reads_its_own_recordings_only(study, recorded, tmp_path):
+    # Another study's recording (the quick report's recall seeds, say) is not a headline run
+    # to refuse: 46 such lines once filled the report's first pages.
+    mine = shutil.copytree(recorded, tmp_path / "recorded")
+    (rec,) = read_recordings(mine, study)
+    shutil.copytree(rec.path, mine / "another-study" / rec.path.name)
+    assert [r.path for r in read_recordings(mine, study)] == [rec.path]
+    assert read_recordings(mine, tmp_path / "another-study.yaml")[0].path.parent.name == "another-study"
 
 
 def recorded_gap(recorded: Path) -> list[float]:

@@ -355,12 +355,15 @@ def check(path: Path, resolved: Resolved) -> Recording:
 
 def read_recordings(recorded_dir: str | os.PathLike = RECORDED_DIR,
                     headline_config: str | os.PathLike = HEADLINE_CONFIG) -> list[Recording]:
-    """Every recording under ``recorded_dir``, newest first (by date, then name), each run
-    checked against the headline study (``headline_config``) as it resolves now."""
-    paths = [m.parent for m in Path(recorded_dir).glob("*/*/meta.json")]
-    if not paths:
+    """Every recording of the headline study under ``recorded_dir`` (<profile>/, its profile
+    as ``headline_config`` names it, else the file's name as config/<profile>.yaml), newest
+    first (by date, then name), each run checked against that study as it resolves now. Other
+    studies' recordings are not the headline's to refuse: a study reads those it names."""
+    if not any(Path(recorded_dir).glob("*/*/meta.json")):
         return []
     headline = Resolved(headline_config)
+    profile = headline.expansion.study.profile if headline.expansion else Path(headline_config).stem
+    paths = [m.parent for m in (Path(recorded_dir) / profile).glob("*/meta.json")]
     return sorted((check(p, headline) for p in paths), key=lambda r: (r.meta["date"], r.name), reverse=True)
 
 
