@@ -338,6 +338,9 @@ def test_claims_table_and_macros():
     assert "\\textbf{c1}: x\\_1 \\emph{(a paper)}" in tex and "\\textcolor{untestable}{not testable}: too small" in tex
     m = claims_tables.claims_macros(claims)
     assert (m["numClaims"], m["numAgree"], m["numUntestable"], m["c1-ours"]) == ("2", "1", "1", "2 $\\pm$ 1")
+    assert m["disagreeing"] == "none"
+    lost = claims_tables.claims_macros(claims.assign(verdict=["disagrees", "disagrees"], why=["widens", "50 % > 15"]))
+    assert lost["disagreeing"] == "\\texttt{c1} (widens); \\texttt{c2} (50 \\% > 15)"
 
 
 def test_throughput_table_fills_missing_lengths():

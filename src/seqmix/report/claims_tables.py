@@ -38,6 +38,10 @@ def claims_macros(claims: pd.DataFrame) -> dict[str, str]:
         "numDisagree": str(int(counts.get("disagrees", 0))),
         "numInconclusive": str(int(counts.get("inconclusive", 0))),
         "numUntestable": str(int(counts.get("not testable", 0))),
+        # The abstract names every claim our numbers disagree with, and why: a loss is said
+        # where a reader starts, not only in the table.
+        "disagreeing": "; ".join(f"\\texttt{{{escape(r.id)}}} ({escape(r.why)})"
+                                 for r in claims.itertuples() if r.verdict == "disagrees") or "none",
     }
     for r in claims.itertuples():
         macros[f"{r.id}-ours"] = escape(r.ours)
