@@ -363,14 +363,19 @@ def read_recordings(recorded_dir: str | os.PathLike = RECORDED_DIR,
         return []
     headline = Resolved(headline_config)
     profile = headline.expansion.study.profile if headline.expansion else Path(headline_config).stem
-    paths = [m.parent for m in (Path(recorded_dir) / profile).glob("*/meta.json")]
-    return sorted((check(p, headline) for p in paths), key=lambda r: (r.meta["date"], r.name), reverse=True)
+    return sorted((check(p, headline) for p in recordings_of(profile, recorded_dir)),
+                  key=lambda r: (r.meta["date"], r.name), reverse=True)
+
+
+def recordings_of(profile: str, recorded_dir: str | os.PathLike = RECORDED_DIR) -> list[Path]:
+    """The recordings of ``profile`` under ``recorded_dir`` (<profile>/<device>-<date>/)."""
+    return [m.parent for m in (Path(recorded_dir) / profile).glob("*/meta.json")]
 
 
 def newest(profile: str, recorded_dir: str | os.PathLike = RECORDED_DIR) -> Path | None:
     """The newest recording of ``profile`` (by its date, then name), None if there is none."""
-    paths = [m.parent for m in (Path(recorded_dir) / profile).glob("*/meta.json")]
-    return max(paths, key=lambda p: (read_json(p / "meta.json")["date"], p.name), default=None)
+    return max(recordings_of(profile, recorded_dir), key=lambda p: (read_json(p / "meta.json")["date"], p.name),
+               default=None)
 
 
 def read_named(profiles: Iterable[str], recorded_dir: str | os.PathLike = RECORDED_DIR,
