@@ -56,11 +56,21 @@ def tool_env(env: dict | None = None) -> dict[str, str]:
     return merged
 
 
+def extensions_dir(src: Path) -> dict[str, str]:
+    """A scratch copy's own folder for Mamba's fused CPU scan (TORCH_EXTENSIONS_DIR): torch
+    builds it with ninja, whose command names the source's path, so one folder shared by two
+    checkouts is rebuilt (about 70 CPU s) each time the other one loads it. Nothing for this
+    checkout, whose build is the user's."""
+    return {} if src.resolve() == REPO else {"TORCH_EXTENSIONS_DIR": str(src.parent / f"{src.name}.torch_extensions")}
+
+
 def snakemake(src: Path, work: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Snakemake on the Snakefile of ``src`` in the working directory ``work``, two cores."""
+    """Snakemake on the Snakefile of ``src`` in the working directory ``work``, two cores; a
+    scratch copy builds its extensions in a folder of its own (extensions_dir)."""
     cmd = [*SNAKEMAKE, "--snakefile", str(src / "Snakefile"), "--directory", str(work),
            "--cores", "2", "--rerun-incomplete", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=tool_env(env), cwd=work)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=tool_env({**extensions_dir(src), **(env or {})}),
+                          cwd=work)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
