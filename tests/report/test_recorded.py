@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from seqmix.cli import main as cli
+from seqmix.report import recorded as recorded_module
 from seqmix.report.claims import evaluate_claims, judge
 from seqmix.report.claims_file import AgreeIf
 from seqmix.report.recorded import (
@@ -208,6 +209,21 @@ def test_the_headline_reads_its_own_recordings_only(study, recorded, tmp_path):
     shutil.copytree(rec.path, mine / "another-study" / rec.path.name)
     assert [r.path for r in read_recordings(mine, study)] == [rec.path]
     assert read_recordings(mine, tmp_path / "another-study.yaml")[0].path.parent.name == "another-study"
+
+
+def test_a_headline_without_recordings_is_not_resolved(study, recorded, tmp_path, monkeypatch):
+    # Every report's claims and quality notebooks ask; resolving the study costs seconds and
+    # imports torch, for nothing where only other studies were recorded.
+    others = tmp_path / "recorded"
+    (rec,) = read_recordings(recorded, study)
+    shutil.copytree(rec.path, others / "another-study" / rec.path.name)
+
+    def resolved(*args, **kwargs):
+        raise AssertionError("the headline study was resolved")
+
+    monkeypatch.setattr(recorded_module, "Resolved", resolved)
+    assert read_recordings(others, study) == []
+    assert read_recordings(tmp_path / "nothing", study) == []
 
 
 def recorded_gap(recorded: Path) -> list[float]:

@@ -358,13 +358,29 @@ def read_recordings(recorded_dir: str | os.PathLike = RECORDED_DIR,
     """Every recording of the headline study under ``recorded_dir`` (<profile>/, its profile
     as ``headline_config`` names it, else the file's name as config/<profile>.yaml), newest
     first (by date, then name), each run checked against that study as it resolves now. Other
-    studies' recordings are not the headline's to refuse: a study reads those it names."""
-    if not any(Path(recorded_dir).glob("*/*/meta.json")):
+    studies' recordings are not the headline's to refuse: a study reads those it names.
+    Resolving the study (seconds, torch) waits until it has a recording to check."""
+    stem = Path(headline_config).stem
+    if not any(recordings_of(p, recorded_dir) for p in {written_profile(headline_config), stem}):
         return []
     headline = Resolved(headline_config)
-    profile = headline.expansion.study.profile if headline.expansion else Path(headline_config).stem
+    profile = headline.expansion.study.profile if headline.expansion else stem
     return sorted((check(p, headline) for p in recordings_of(profile, recorded_dir)),
                   key=lambda r: (r.meta["date"], r.name), reverse=True)
+
+
+def written_profile(config: str | os.PathLike) -> str:
+    """The profile ``config`` names as written (seqmix.study.profile: no torch, not validated),
+    the default where it names none; the file's name where it cannot be read."""
+    from seqmix.errors import ConfigError
+    from seqmix.study.profile import read_profile
+    from seqmix.study.settings import StudyFile
+
+    try:
+        profile = read_profile(config).raw.get("profile", StudyFile.model_fields["profile"].default)
+    except ConfigError:
+        profile = None
+    return profile if isinstance(profile, str) else Path(config).stem
 
 
 def recordings_of(profile: str, recorded_dir: str | os.PathLike = RECORDED_DIR) -> list[Path]:
