@@ -90,7 +90,8 @@ def make_test_command(checkout: Path, workers: int) -> list[str]:
 
 def run_suite(checkout: Path, workers: int, select: list[str]) -> dict:
     """The suite of ``checkout`` (or the tests ``select`` names), timed, with its per-test CPU (PLUGIN)."""
-    python = checkout / ".venv" / "bin" / "python"
+    venv = checkout / ".venv" / "bin" / "python"
+    python = str(venv) if venv.exists() else sys.executable
     # Not a test's variables: run from a test (tests/tools/test_bench_suite.py, itself under a
     # worker), the inner controller would take PYTEST_XDIST_WORKER for its own.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
@@ -99,11 +100,11 @@ def run_suite(checkout: Path, workers: int, select: list[str]) -> dict:
         plugin_dir.mkdir()
         out.mkdir()
         (plugin_dir / f"{PLUGIN_NAME}.py").write_text(PLUGIN)
-        paths = [str(plugin_dir)] + ([] if python.exists() else [str(checkout / "src")])
+        paths = [str(plugin_dir)] + ([] if venv.exists() else [str(checkout / "src")])
         env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
         env["BENCH_SUITE_OUT"], env["BENCH_SUITE_WORKERS"] = str(out), str(workers)
         # make test's command, with the plugin; -p no:cacheprovider leaves the checkout as it was.
-        command = [str(python) if python.exists() else sys.executable, "-m", "pytest",
+        command = [python, "-m", "pytest",
                    *make_test_command(checkout, workers), *select, "-p", PLUGIN_NAME, "-p", "no:cacheprovider"]
         busy, idle, start = *machine_cpu(), time.monotonic()
         proc = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True)
@@ -111,10 +112,18 @@ def run_suite(checkout: Path, workers: int, select: list[str]) -> dict:
         busy2, idle2 = machine_cpu()
         tests = [row for f in sorted(out.glob("*.tests")) for row in csv.reader(f.open(), delimiter="\t")]
         sessions = [[float(v) for v in f.read_text().split()] for f in sorted(out.glob("*.session"))]
-    summary = re.findall(r"^=* ?(\d+ (?:passed|failed).*?) in [\d.]+s", proc.stdout, re.M)
+    # pytest's last line: "N passed, ...", "N failed, ...", "N errors in ..." (with -q no "=").
+    summary = re.findall(r"^=* ?(\d+ \w+.*?) in [\d.]+s", proc.stdout, re.M)
+    if proc.returncode != 0:  # what failed: the output is not kept anywhere else
+        print(proc.stdout[-6000:] + proc.stderr[-2000:], file=sys.stderr)
     return {"checkout": checkout, "commit": commit(checkout), "returncode": proc.returncode,
-            "summary": summary[-1] if summary else proc.stdout.strip().splitlines()[-1:],
+            "summary": summary[-1] if summary else f"no pytest summary (exit {proc.returncode})",
             "wall": wall, "busy": busy2 - busy, "idle": idle2 - idle, "tests": tests, "sessions": sessions}
+
+
+def session_cpu(result: dict) -> float:
+    """CPU seconds of the workers' whole sessions, their waited-for children included."""
+    return sum(own + waited for own, waited in result["sessions"])
 
 
 def by_file(result: dict) -> dict[str, list[float]]:
@@ -127,7 +136,7 @@ def by_file(result: dict) -> dict[str, list[float]]:
         row[1] += float(own) + float(waited)
         row[2] += float(wall)
     in_tests = sum(row[1] for row in files.values())
-    files["outside any test"] = [0, sum(own + waited for own, waited in result["sessions"]) - in_tests, 0.0]
+    files["outside any test"] = [0, session_cpu(result) - in_tests, 0.0]
     return dict(files)
 
 
@@ -139,10 +148,9 @@ def report(results: dict[str, dict], workers: int, rows: int) -> str:
     lines = ["| checkout | commit | tests | wall s | machine CPU busy s | idle s | CPU s in the workers' processes |",
              "|---|---|---|---|---|---|---|"]
     for name, r in results.items():
-        total = sum(own + waited for own, waited in r["sessions"])
         result = r["summary"] if r["returncode"] == 0 else f"{r['summary']} (exit {r['returncode']})"
         lines.append(f"| {name} | {r['commit']} | {result} | {r['wall']:,.0f} | {r['busy']:,.0f} | "
-                     f"{r['idle']:,.0f} | {total:,.0f} |")
+                     f"{r['idle']:,.0f} | {session_cpu(r):,.0f} |")
     ratio = (f"second / first: wall {second['wall'] / first['wall']:.2f}, "
              f"machine CPU busy {second['busy'] / first['busy']:.2f}.")
     files = {name: by_file(r) for name, r in results.items()}
