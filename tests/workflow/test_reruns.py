@@ -168,12 +168,15 @@ def test_a_run_planned_with_other_code_fails_before_any_step(spec):
 # The reruns, run: a finished tiny study, edited.
 # ------------------------------------------------------------------------------------------
 
-ARCHS = ("softmax", "grassmann", "mamba")  # the report reads Grassmann's numbers
+# The report reads Grassmann's numbers; Grassmann and H3 each reach kernels of their own
+# (kernels/grassmann.py; kernels/fft_conv.py, s4d.py), and neither is built at first use as
+# Mamba's C++ scan is (a minute of compiling in every scratch copy: test_checkouts.py builds one).
+ARCHS = ("softmax", "grassmann", "h3")
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
-    """A tiny MQAR study (softmax, Grassmann, Mamba; one seed) run to its PDF in a scratch copy
+    """A tiny MQAR study (ARCHS; one seed) run to its PDF in a scratch copy
     of the workflow, <root>/live/{src,work}, with a pristine copy of both in <root>/done (the
     jobs name absolute paths: each test edits the study where it was made)."""
     root = tmp_path_factory.mktemp("reruns")
@@ -227,19 +230,29 @@ def ran(proc: subprocess.CompletedProcess, rule: str) -> set[str]:
     return {w["arch"] for w in planned_wildcards(proc.stdout + "\n\n" + proc.stderr, rule)}
 
 
+def retrained(src: Path, work: Path, arch: str) -> subprocess.CompletedProcess:
+    """Run what a plan retrains: ``arch``'s run, to its evaluation. The rest of a plan (the
+    analyses, notebooks and report) reads runs and writes no run file: the dry run before it
+    says which of those an edit reruns; this fixture's build and the shared study
+    (tests/shared_study.py) run them, each a minute of jobs that would test nothing new here."""
+    return snakemake(src, work, f"results/runs/mqar/{arch}/seed0/eval.json", "--configfile", "tiny.yaml")
+
+
 def test_a_functional_edit_to_one_mixer_retrains_its_runs_and_reruns_what_reads_them(finished):
     src, work = edited(finished, "src/seqmix/mixers/softmax.py",
                             "return self.out_proj(y.transpose(1, 2).reshape(B, L, D))",
                             "return 0.5 * self.out_proj(y.transpose(1, 2).reshape(B, L, D))")
     before = run_files(work)
-    proc = snakemake(src, work, "--configfile", "tiny.yaml")
+    proc = snakemake(src, work, "-n", "--configfile", "tiny.yaml")
     jobs = planned_jobs(proc)
     assert ran(proc, "train") == ran(proc, "eval") == {"softmax"}, jobs
     assert jobs["train"] == 1 and "data_task" not in jobs
-    # What reads the runs ran again: the analyses that build softmax, the per-run sparsity,
+    # What reads the runs runs again: the analyses that build softmax, the per-run sparsity,
     # the table of runs, the notebooks and the report.
     assert {"collect", "complexity", "throughput", "copy_probe", "notebook_quality", "report"} <= set(jobs), jobs
     assert ran(proc, "sparsity_run") <= {"softmax"}
+    proc = retrained(src, work, "softmax")
+    assert ran(proc, "train") == ran(proc, "eval") == {"softmax"}, planned_jobs(proc)
     after = run_files(work)
     changed = {p for p in before if after.get(p) != before[p]}
     assert {p for p in changed if not p.startswith("mqar/softmax/")} == set(), "another run's files changed"
@@ -249,12 +262,15 @@ def test_a_functional_edit_to_one_mixer_retrains_its_runs_and_reruns_what_reads_
     assert "ignoring" in log and "written with other settings or other code" in log  # its final.pt
     metrics = json.loads((work / "results" / "runs" / "mqar" / "softmax" / "seed0" / "metrics.json").read_text())
     assert metrics["resumed_from_steps"] == [] and metrics["steps_completed"] == 6
+    # Retrained, the run is up to date: what is left to do is what reads it.
+    left = planned_jobs(snakemake(src, work, "-n", "--configfile", "tiny.yaml"))
+    assert "train" not in left and "eval" not in left and "report" in left, left
 
 
 def test_a_bare_touch_reruns_nothing_and_a_comment_reruns_only_what_the_file_reaches(finished):
     src, work = restored(finished)
     (src / "src" / "seqmix" / "mixers" / "softmax.py").touch()
-    (src / "kernels" / "selective_scan_cpu.cpp").touch()
+    (src / "kernels" / "grassmann.py").touch()
     proc = snakemake(src, work, "-n", "--configfile", "tiny.yaml")
     assert nothing_planned(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
     src, work = edited(finished, "src/seqmix/mixers/softmax.py",
@@ -273,11 +289,19 @@ def test_an_edit_to_the_verdict_logic_reruns_the_claims_notebook_and_the_report_
     assert run_files(work) == before
 
 
-def test_an_edit_to_mambas_kernel_retrains_only_mambas_runs(finished):
-    src, work = edited(finished, "kernels/selective_scan_cpu.py", "\nBLOCK = 16\n",
-                            "\nBLOCK = 16\nKERNEL_EDITED = True\n")
+def test_an_edit_to_grassmanns_kernel_retrains_only_grassmanns_runs(finished):
+    # H3 reaches kernels of its own and softmax none: neither retrains.
+    src, work = edited(finished, "kernels/grassmann.py", "\n@triton.jit\n",
+                            "\nKERNEL_EDITED = True\n\n\n@triton.jit\n")
     before = run_files(work)
-    proc = snakemake(src, work, "--configfile", "tiny.yaml")
-    assert ran(proc, "train") == ran(proc, "eval") == {"mamba"}, planned_jobs(proc)
+    proc = snakemake(src, work, "-n", "--configfile", "tiny.yaml")
+    assert ran(proc, "train") == ran(proc, "eval") == {"grassmann"}, planned_jobs(proc)
+    proc = retrained(src, work, "grassmann")
+    assert ran(proc, "train") == ran(proc, "eval") == {"grassmann"}, planned_jobs(proc)
     after = run_files(work)
-    assert {p for p in before if after.get(p) != before[p] and not p.startswith("mqar/mamba/")} == set()
+    changed = {p for p in before if after.get(p) != before[p]}
+    assert {p for p in changed if not p.startswith("mqar/grassmann/")} == set(), "another run's files changed"
+    # Retrained under the code as it is now (the edit changes no number: the same weights).
+    assert "mqar/grassmann/seed0/provenance.json" in changed
+    metrics = json.loads((work / "results" / "runs" / "mqar" / "grassmann" / "seed0" / "metrics.json").read_text())
+    assert metrics["resumed_from_steps"] == [] and metrics["steps_completed"] == 6
