@@ -230,12 +230,22 @@ def ran(proc: subprocess.CompletedProcess, rule: str) -> set[str]:
     return {w["arch"] for w in planned_wildcards(proc.stdout + "\n\n" + proc.stderr, rule)}
 
 
-def retrained(src: Path, work: Path, arch: str) -> subprocess.CompletedProcess:
+def retrained(src: Path, work: Path, arch: str, before: dict[str, str]) -> set[str]:
     """Run what a plan retrains: ``arch``'s run, to its evaluation. The rest of a plan (the
     analyses, notebooks and report) reads runs and writes no run file: the dry run before it
     says which of those an edit reruns; this fixture's build and the shared study
-    (tests/shared_study.py) run them, each a minute of jobs that would test nothing new here."""
-    return snakemake(src, work, f"results/runs/mqar/{arch}/seed0/eval.json", "--configfile", "tiny.yaml")
+    (tests/shared_study.py) run them, each a minute of jobs that would test nothing new here.
+    Checks that it trained ``arch`` alone, from step 0, and left every other run's files as
+    ``before`` (run_files before the edit) has them; returns the files it changed."""
+    run = f"results/runs/mqar/{arch}/seed0"
+    proc = snakemake(src, work, f"{run}/eval.json", "--configfile", "tiny.yaml")
+    assert ran(proc, "train") == ran(proc, "eval") == {arch}, planned_jobs(proc)
+    after = run_files(work)
+    changed = {p for p in before if after.get(p) != before[p]}
+    assert {p for p in changed if not p.startswith(f"mqar/{arch}/")} == set(), "another run's files changed"
+    metrics = json.loads((work / run / "metrics.json").read_text())
+    assert metrics["resumed_from_steps"] == [] and metrics["steps_completed"] == 6
+    return changed
 
 
 def test_a_functional_edit_to_one_mixer_retrains_its_runs_and_reruns_what_reads_them(finished):
@@ -251,17 +261,11 @@ def test_a_functional_edit_to_one_mixer_retrains_its_runs_and_reruns_what_reads_
     # the table of runs, the notebooks and the report.
     assert {"collect", "complexity", "throughput", "copy_probe", "notebook_quality", "report"} <= set(jobs), jobs
     assert ran(proc, "sparsity_run") <= {"softmax"}
-    proc = retrained(src, work, "softmax")
-    assert ran(proc, "train") == ran(proc, "eval") == {"softmax"}, planned_jobs(proc)
-    after = run_files(work)
-    changed = {p for p in before if after.get(p) != before[p]}
-    assert {p for p in changed if not p.startswith("mqar/softmax/")} == set(), "another run's files changed"
+    changed = retrained(src, work, "softmax", before)
     assert {"mqar/softmax/seed0/model.pt", "mqar/softmax/seed0/log.csv"} <= changed  # new weights
     log = (work / "results" / "logs" / "train" / "mqar" / "softmax" / "seed0.log").read_text()
     assert "without training" not in log and "resuming" not in log
     assert "ignoring" in log and "written with other settings or other code" in log  # its final.pt
-    metrics = json.loads((work / "results" / "runs" / "mqar" / "softmax" / "seed0" / "metrics.json").read_text())
-    assert metrics["resumed_from_steps"] == [] and metrics["steps_completed"] == 6
     # Retrained, the run is up to date: what is left to do is what reads it.
     left = planned_jobs(snakemake(src, work, "-n", "--configfile", "tiny.yaml"))
     assert "train" not in left and "eval" not in left and "report" in left, left
@@ -296,12 +300,5 @@ def test_an_edit_to_grassmanns_kernel_retrains_only_grassmanns_runs(finished):
     before = run_files(work)
     proc = snakemake(src, work, "-n", "--configfile", "tiny.yaml")
     assert ran(proc, "train") == ran(proc, "eval") == {"grassmann"}, planned_jobs(proc)
-    proc = retrained(src, work, "grassmann")
-    assert ran(proc, "train") == ran(proc, "eval") == {"grassmann"}, planned_jobs(proc)
-    after = run_files(work)
-    changed = {p for p in before if after.get(p) != before[p]}
-    assert {p for p in changed if not p.startswith("mqar/grassmann/")} == set(), "another run's files changed"
     # Retrained under the code as it is now (the edit changes no number: the same weights).
-    assert "mqar/grassmann/seed0/provenance.json" in changed
-    metrics = json.loads((work / "results" / "runs" / "mqar" / "grassmann" / "seed0" / "metrics.json").read_text())
-    assert metrics["resumed_from_steps"] == [] and metrics["steps_completed"] == 6
+    assert "mqar/grassmann/seed0/provenance.json" in retrained(src, work, "grassmann", before)
