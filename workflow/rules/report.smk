@@ -29,9 +29,10 @@ for _name, _nb in NOTEBOOKS.items():
             "../../envs/seqmix.yaml"
         # papermill waits 60 s for the kernel to answer by default; on a loaded machine (two
         # jobs and a test session on 2 cores) a kernel took longer, and the job failed with
-        # "Kernel didn't respond in 60 seconds". The job's own runtime bounds it instead.
+        # "Kernel didn't respond in 60 seconds". It waits up to the job's runtime (minutes) instead.
         shell:
-            "papermill --log-output --start-timeout 600 -k python3 {params.notebook:q} {output.executed:q} "
+            "papermill --log-output --start-timeout $(({resources.runtime} * 60)) -k python3 "
+            "{params.notebook:q} {output.executed:q} "
             "{params.papermill} > {log:q} 2>&1"
 
 
